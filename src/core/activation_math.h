@@ -1,0 +1,56 @@
+// The gated activations of SPEC section 3 in fp32, shared by the CPU reference and every kernel.
+// NaN propagates through every kind (clamps are written with comparisons, not fminf/fmaxf, which
+// would swallow a NaN).
+#pragma once
+
+#include <cmath>
+
+#include "mxmoe/activation.h"
+#include "mxmoe/formats.h"
+
+namespace mxmoe {
+
+MXMOE_HD float act_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// Situ (Kimi-K3): beta*tanh(g/beta)*sigmoid(g) * beta_lin*tanh(u/beta_lin); |act| <= beta*beta_lin.
+MXMOE_HD float act_situ(float g, float u, float beta, float linear_beta) {
+  return beta * tanhf(g / beta) * act_sigmoid(g) * (linear_beta * tanhf(u / linear_beta));
+}
+
+MXMOE_HD float act_swiglu(float g, float u) { return g * act_sigmoid(g) * u; }
+
+// GPT-OSS: biases are already in g and u.
+MXMOE_HD float act_swiglu_bias(float g, float u, float alpha, float limit) {
+  const float gc = g > limit ? limit : g;
+  const float uc = u > limit ? limit : (u < -limit ? -limit : u);
+  return gc * act_sigmoid(alpha * gc) * (uc + 1.0f);
+}
+
+MXMOE_HD float act_geglu(float g, float u) {
+  return 0.5f * g * (1.0f + erff(g * 0.70710678118654752f)) * u;
+}
+
+MXMOE_HD float act_geglu_tanh(float g, float u) {
+  const float kSqrt2OverPi = 0.79788456080286536f;
+  return 0.5f * g * (1.0f + tanhf(kSqrt2OverPi * (g + 0.044715f * g * g * g))) * u;
+}
+
+// Dispatch for the implemented gated kinds; callers have refused the others up front.
+MXMOE_HD float apply_activation(ActivationType type, float g, float u, const ActParams& p) {
+  switch (type) {
+    case ActivationType::Situ:
+      return act_situ(g, u, p.beta, p.linear_beta);
+    case ActivationType::Swiglu:
+      return act_swiglu(g, u);
+    case ActivationType::SwigluBias:
+      return act_swiglu_bias(g, u, p.alpha, p.limit);
+    case ActivationType::Geglu:
+      return act_geglu(g, u);
+    case ActivationType::GegluTanh:
+      return act_geglu_tanh(g, u);
+    default:
+      return bits_float(0x7FC00000u);  // unreachable after CheckActivationSupported
+  }
+}
+
+}  // namespace mxmoe
