@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "mxmoe/moe.h"
@@ -38,6 +39,8 @@ enum class RoutingPattern : int32_t {
   kHeavyHitters = 4,  // half of the picks go to a few experts
 };
 const char* RoutingPatternName(RoutingPattern p);
+// From the name RoutingPatternName gives; an error listing the names otherwise.
+Status RoutingPatternFromName(const std::string& name, RoutingPattern* out);
 
 struct SyntheticInput {
   int64_t num_tokens = 0;

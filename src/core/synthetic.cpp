@@ -129,6 +129,18 @@ const char* RoutingPatternName(RoutingPattern p) {
   return "invalid";
 }
 
+Status RoutingPatternFromName(const std::string& name, RoutingPattern* out) {
+  for (RoutingPattern p : {RoutingPattern::kUniform, RoutingPattern::kOneExpert, RoutingPattern::kFewExperts,
+                           RoutingPattern::kWithInvalid, RoutingPattern::kHeavyHitters}) {
+    if (name == RoutingPatternName(p)) {
+      *out = p;
+      return Status::Ok();
+    }
+  }
+  return Status::Invalid("routing pattern '" + name +
+                         "': expected uniform, one_expert, few_experts, with_invalid or heavy_hitters");
+}
+
 namespace {
 
 // n distinct values from pool (n <= pool.size()), by a partial Fisher-Yates shuffle of a copy.

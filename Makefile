@@ -1,0 +1,40 @@
+# Thin wrapper over CMake. `make run` and `make test` install what is missing first (apt-get, pip);
+# `make test-gpu` never installs (the GPU image has everything and reaches no registry).
+BUILD_DIR ?= build
+GPU_BUILD_DIR ?= build-gpu
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+CMAKE_FLAGS ?=
+GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
+ARGS ?=
+
+.PHONY: all deps configure build run test test-cpu test-python test-gpu bench clean
+
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+$(BUILD_DIR)/CMakeCache.txt:
+	cmake -S . -B $(BUILD_DIR) $(GENERATOR) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+
+configure: deps
+	@$(MAKE) --no-print-directory $(BUILD_DIR)/CMakeCache.txt
+
+build: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+# The main job: the embedded Kimi-K3-shaped layer on the best device here (ARGS="..." adds flags).
+run: build
+	$(BUILD_DIR)/bin/mxmoe run $(ARGS)
+
+test: build
+	ctest --test-dir $(BUILD_DIR) -L cpu --output-on-failure
+
+# On the GPU machine: configure, build for sm_90a, run the GPU suite. No installs.
+test-gpu:
+	cmake -S . -B $(GPU_BUILD_DIR) $(GENERATOR) -DCMAKE_BUILD_TYPE=Release -DMXMOE_CUDA=ON -DMXMOE_CUDA_ARCHS=90a $(CMAKE_FLAGS)
+	cmake --build $(GPU_BUILD_DIR) -j $(JOBS)
+	ctest --test-dir $(GPU_BUILD_DIR) -L gpu --output-on-failure
+
+clean:
+	rm -rf $(BUILD_DIR) $(GPU_BUILD_DIR)

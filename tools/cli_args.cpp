@@ -1,0 +1,80 @@
+#include "cli_args.h"
+
+#include <cerrno>
+#include <cstdlib>
+
+namespace mxmoe::cli {
+
+Status Args::Parse(const std::vector<std::string>& argv, const std::set<std::string>& valued,
+                   const std::set<std::string>& flags, Args* out) {
+  Args a;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& arg = argv[i];
+    if (arg.rfind("--", 0) != 0 || arg.size() < 3)
+      return Status::Invalid("unexpected argument '" + arg + "' (options start with --; see --help)");
+    std::string name = arg.substr(2), value;
+    bool has_value = false;
+    if (const size_t eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      has_value = true;
+    }
+    if (a.values_.count(name)) return Status::Invalid("option --" + name + " given twice");
+    if (flags.count(name)) {
+      if (has_value) return Status::Invalid("option --" + name + " takes no value");
+      a.values_[name] = "1";
+    } else if (valued.count(name)) {
+      if (!has_value) {
+        if (i + 1 >= argv.size()) return Status::Invalid("option --" + name + " needs a value");
+        value = argv[++i];
+      }
+      a.values_[name] = value;
+    } else {
+      return Status::Invalid("unknown option --" + name + " (see --help)");
+    }
+  }
+  *out = std::move(a);
+  return Status::Ok();
+}
+
+std::string Args::Str(const std::string& name, const std::string& fallback) const {
+  auto it = values_.find(name);
+  return it == values_.end() ? fallback : it->second;
+}
+
+Status Args::Int(const std::string& name, int64_t fallback, int64_t min, int64_t max, int64_t* out) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) {
+    *out = fallback;
+    return Status::Ok();
+  }
+  const std::string& s = it->second;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (s.empty() || *end != '\0' || errno == ERANGE)
+    return Status::Invalid("--" + name + " = '" + s + "' is not an integer");
+  if (v < min || v > max)
+    return Status::Invalid("--" + name + " = " + s + " is outside [" + std::to_string(min) + ", " +
+                           std::to_string(max) + "]");
+  *out = v;
+  return Status::Ok();
+}
+
+Status Args::U64(const std::string& name, uint64_t fallback, uint64_t* out) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) {
+    *out = fallback;
+    return Status::Ok();
+  }
+  const std::string& s = it->second;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+  if (s.empty() || s[0] == '-' || *end != '\0' || errno == ERANGE)
+    return Status::Invalid("--" + name + " = '" + s + "' is not a non-negative integer");
+  *out = v;
+  return Status::Ok();
+}
+
+}  // namespace mxmoe::cli

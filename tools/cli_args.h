@@ -1,0 +1,31 @@
+// A small strict command-line parser: `--name value` or `--name=value`, flags without values, no
+// positional arguments after the subcommand. Unknown options and malformed numbers are errors.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "mxmoe/status.h"
+
+namespace mxmoe::cli {
+
+class Args {
+ public:
+  // `valued` take a value, `flags` take none; anything else is refused by name.
+  static Status Parse(const std::vector<std::string>& argv, const std::set<std::string>& valued,
+                      const std::set<std::string>& flags, Args* out);
+
+  bool Has(const std::string& name) const { return values_.count(name) > 0; }
+  std::string Str(const std::string& name, const std::string& fallback = "") const;
+  Status Int(const std::string& name, int64_t fallback, int64_t min, int64_t max, int64_t* out) const;
+  Status U64(const std::string& name, uint64_t fallback, uint64_t* out) const;
+
+ private:
+  std::map<std::string, std::string> values_;
+};
+
+}  // namespace mxmoe::cli

@@ -1,0 +1,17 @@
+// One-line summaries of an output: a checksum, and the error against a reference.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "mxmoe/moe.h"
+
+namespace mxmoe::cli {
+
+// "checksum fnv1a64=0x... sum=... rms=... nan=N"; the hash covers the raw bytes of the dtype.
+std::string SummarizeOutput(const MoeOutput& out, int64_t count);
+
+// "max |err| = ..., rel L2 err = ..., worst at [t, n]: got ... want ...".
+std::string CompareToReference(const MoeOutput& out, const std::vector<float>& ref, int64_t count);
+
+}  // namespace mxmoe::cli
