@@ -50,7 +50,7 @@ mxmoe run [--checkpoint DIR --layer N] [--input IN.safetensors] [--output OUT.sa
   It prints what it ran: shape, backend, activation, time and a checksum of the output.
 
 mxmoe make-checkpoint --out DIR [--experts E] [--hidden K] [--intermediate I] [--top-k k]
-          [--layers L] [--shards S] [--activation situ|silu|gelu|gelu_tanh]
+          [--layers L] [--shards S] [--activation situ|silu|gelu|gelu_pytorch_tanh]
           [--situ-beta B] [--situ-linear-beta B] [--text-config] [--seed S]
   Synthetic layers (default E 8, K 256, I 256, k 2, 1 layer, 1 shard, situ 4/25) in the
   Kimi-K3 checkpoint layout; --text-config puts the fields under "text_config".
