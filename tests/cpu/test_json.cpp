@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <random>
 #include <string>
 
 #include "mxmoe/json.h"
@@ -201,6 +202,41 @@ TEST(Json, WriteRefusesNonFinite) {
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("$.beta[1]"), std::string::npos) << st.message();
   EXPECT_FALSE(WriteJson(JsonValue::Number(std::numeric_limits<double>::infinity()), &out).ok());
+}
+
+// Random corruptions of a valid document: each is refused with a one-line message or accepted,
+// and whatever is accepted writes back and re-reads to the same value.
+TEST(Json, CorruptedInputsRoundTripOrFail) {
+  const std::string base =
+      R"({"a": [1, -2.5e3, true, null, "x\u00e9\ud83d\ude00"], "b": {"c": "\n", "d": [[], {}]}, "e": 0})";
+  const char kInteresting[] = {'{', '}', '[', ']', '"', ',', ':', '-', '.', 'e', '0', '\\', 'u', ' ', '\x80', '\xc3'};
+  std::mt19937_64 rng(99);
+  int accepted = 0;
+  for (int iter = 0; iter < 20000; ++iter) {
+    std::string m = base;
+    for (int n = 1 + static_cast<int>(rng() % 3); n > 0; --n) {
+      const size_t at = rng() % m.size();
+      switch (rng() % 3) {
+        case 0: m[at] = kInteresting[rng() % sizeof(kInteresting)]; break;
+        case 1: m.erase(at, 1); break;
+        default: m.insert(at, 1, kInteresting[rng() % sizeof(kInteresting)]); break;
+      }
+    }
+    JsonValue v;
+    const Status st = ParseJson(m, &v);
+    if (!st.ok()) {
+      EXPECT_EQ(st.message().rfind("invalid JSON at byte ", 0), 0u) << st.message();
+      EXPECT_EQ(st.message().find('\n'), std::string::npos) << st.message();
+      continue;
+    }
+    ++accepted;
+    std::string out;
+    ASSERT_TRUE(WriteJson(v, &out).ok()) << m;
+    JsonValue back;
+    ASSERT_TRUE(ParseJson(out, &back).ok()) << out;
+    EXPECT_EQ(back, v) << m;
+  }
+  EXPECT_GT(accepted, 0);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -275,6 +276,56 @@ TEST_F(SafetensorsTest, WriterFailureLeavesNoFile) {
   st = WriteSafetensors(Path("no/such/dir.safetensors"), {{"a", DType::kU8, {16}, a.data(), 16}});
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("dir.safetensors"), std::string::npos) << st.message();
+}
+
+// Random corruptions of a valid file: every one is either accepted with in-bounds tensors or
+// refused with a message; none crashes (run under the sanitizers to make this bite).
+TEST_F(SafetensorsTest, CorruptedFilesAreRefusedCleanly) {
+  std::mt19937_64 rng(4242);
+  std::vector<uint8_t> a = RandomBytes(48, rng), b = RandomBytes(40, rng);
+  const std::string good = Path("good.safetensors");
+  ASSERT_TRUE(WriteSafetensors(good, {{"alpha", DType::kF32, {3, 4}, a.data(), 48},
+                                      {"beta", DType::kBF16, {4, 5}, b.data(), 40}},
+                               {{"format", "pt"}})
+                  .ok());
+  std::string bytes;
+  {
+    std::ifstream in(good, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const std::string path = Path("mutant.safetensors");
+  const char kInteresting[] = {'{', '}', '[', ']', '"', ',', ':', '-', '0', '9', '\\', ' ', '\0', '\xff'};
+  int accepted = 0;
+  for (int iter = 0; iter < 3000; ++iter) {
+    std::string m = bytes;
+    const int kind = static_cast<int>(rng() % 3);
+    if (kind == 0) {  // truncate
+      m.resize(rng() % m.size());
+    } else {  // overwrite a few bytes, mostly in the length field and header
+      const size_t header_end = std::min<size_t>(m.size(), 8 + 160);
+      for (int n = 1 + static_cast<int>(rng() % 3); n > 0; --n) {
+        const size_t at = rng() % header_end;
+        m[at] = kind == 1 ? static_cast<char>(rng()) : kInteresting[rng() % sizeof(kInteresting)];
+      }
+    }
+    WriteBytes(path, m);
+    std::unique_ptr<SafetensorsFile> f;
+    const Status st = SafetensorsFile::Open(path, &f);
+    if (!st.ok()) {
+      EXPECT_FALSE(st.message().empty());
+      EXPECT_EQ(st.message().find('\n'), std::string::npos) << st.message();
+      continue;
+    }
+    ++accepted;
+    for (const std::string& name : f->Names()) {
+      const TensorInfo* t = f->Find(name);
+      ASSERT_NE(t, nullptr);
+      EXPECT_LE(t->data_begin + t->nbytes, f->data_size());
+      volatile uint8_t sink = 0;
+      for (size_t i = 0; i < t->nbytes; ++i) sink = sink + t->data[i];  // in bounds
+    }
+  }
+  EXPECT_GT(accepted, 0);  // some mutations are harmless (e.g. inside the data section)
 }
 
 }  // namespace
