@@ -28,7 +28,7 @@ run: build
 	$(BUILD_DIR)/bin/mxmoe run $(ARGS)
 
 test: build
-	ctest --test-dir $(BUILD_DIR) -L cpu --output-on-failure
+	ctest --test-dir $(BUILD_DIR) -L cpu --output-on-failure -j $(JOBS)
 
 # On the GPU machine: configure, build for sm_90a, run the GPU suite. No installs.
 test-gpu:
