@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# On the GPU machine (no installs there): configure for sm_90a, build the GPU suite and the
+# benchmark, check registers/SASS, run the GPU tests, a compute-sanitizer pass on a small case,
+# and the benchmark. Full logs go to $OUT (or ./device-out); a short table is printed last.
+#   scripts/device-gpu.sh [all|build|test|sanitize|bench] ...   (default: all)
+#   GTEST_FILTER=... narrows the suite; BENCH_ARGS="--tokens 1,8" narrows the benchmark.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/device-out}
+mkdir -p "$OUT"
+STAGES=${*:-all}
+BUILD=build-gpu
+SUMMARY="$OUT/summary.txt"
+: > "$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+want() { [[ " $STAGES " == *" all "* || " $STAGES " == *" $1 "* ]]; }
+secs() { date +%s; }
+
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /' | tee -a "$SUMMARY"
+
+if want build || want test || want sanitize || want bench; then
+  t0=$(secs)
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMXMOE_CUDA=ON -DMXMOE_CUDA_ARCHS=90a \
+    -DCMAKE_CUDA_FLAGS="-Xptxas -v" >"$OUT/configure.log" 2>&1 || { note "configure FAILED"; tail -20 "$OUT/configure.log"; exit 1; }
+  cmake --build "$BUILD" -j16 --target mxmoe_gpu_tests mxmoe_bench_cuda >"$OUT/build.log" 2>&1 \
+    || { note "build FAILED"; grep -E "error" "$OUT/build.log" | head -20; exit 1; }
+  note "build: ok in $(( $(secs) - t0 )) s"
+  # Registers / spills of the GEMM kernels, and the SASS instructions they are meant to use.
+  grep -A3 "MoeGemmKernel" "$OUT/build.log" | grep -E "registers|spill" | sort | uniq -c | sed 's/^/ptxas: /' | tee -a "$SUMMARY"
+  obj=$(find "$BUILD" -name 'moe_gemm_n8.cu.o' | head -1)
+  if [ -n "$obj" ] && command -v cuobjdump >/dev/null; then
+    for f in $(find "$BUILD" -name 'moe_gemm_n*.cu.o'); do
+      cuobjdump -sass "$f" > "$OUT/sass_$(basename "$f" .cu.o).txt" 2>&1
+      note "sass $(basename "$f" .cu.o): HMMA $(grep -c HMMA "$OUT/sass_$(basename "$f" .cu.o).txt") LDSM $(grep -c LDSM "$OUT/sass_$(basename "$f" .cu.o).txt") LDGSTS $(grep -c LDGSTS "$OUT/sass_$(basename "$f" .cu.o).txt") local(LDL/STL) $(grep -cE 'LDL|STL' "$OUT/sass_$(basename "$f" .cu.o).txt")"
+    done
+  fi
+fi
+
+if want test; then
+  t0=$(secs)
+  timeout "${TEST_TIMEOUT:-240}" "$BUILD/bin/mxmoe_gpu_tests" --gtest_filter="${GTEST_FILTER:-*}" >"$OUT/tests.log" 2>&1
+  rc=$?
+  note "tests: rc=$rc in $(( $(secs) - t0 )) s; $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]+ test' "$OUT/tests.log" | tr '\n' ' ')"
+  grep -E "^\[  FAILED  \] [A-Z]" "$OUT/tests.log" | sort -u | head -20 | tee -a "$SUMMARY"
+  grep -E "Failure|error:" -A4 "$OUT/tests.log" | head -60
+  grep -oE "max \|diff\|/allowed [0-9.e+-]+, normwise [0-9.e+-]+" "$OUT/tests.log" | awk '{if ($3>m) m=$3; if ($5>n) n=$5} END {print "observed worst |diff|/allowed " m ", normwise " n}' | tee -a "$SUMMARY"
+fi
+
+if want sanitize; then
+  t0=$(secs)
+  f="CudaMoeSmall.OutOfRangeIdsAreSkipped:CudaMoeSmall.PrequantizedInputMatchesReference"
+  timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/bin/mxmoe_gpu_tests" --gtest_filter="$f" >"$OUT/memcheck.log" 2>&1
+  note "compute-sanitizer memcheck ($f): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)"
+  timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 "$BUILD/bin/mxmoe_gpu_tests" --gtest_filter="CudaMoeSmall.OutOfRangeIdsAreSkipped" >"$OUT/racecheck.log" 2>&1
+  note "compute-sanitizer racecheck (CudaMoeSmall.OutOfRangeIdsAreSkipped): rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log" | tail -1) in $(( $(secs) - t0 )) s"
+fi
+
+if want bench; then
+  t0=$(secs)
+  timeout "${BENCH_TIMEOUT:-300}" "$BUILD/bin/mxmoe_bench_cuda" --csv "$OUT/bench.csv" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" >/dev/null
+  note "bench: rc=$? in $(( $(secs) - t0 )) s"
+  grep -E "^device|^layer|^ +T |^ +[0-9]+ |reproduce" "$OUT/bench.log" | tee -a "$SUMMARY" >/dev/null
+fi
+
+echo
+echo "==== summary ===="
+cat "$SUMMARY"

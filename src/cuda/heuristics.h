@@ -1,0 +1,29 @@
+// The one place that chooses how a call runs: token chunking (bounds the workspace) and the GEMM
+// config per chunk. MXMOE_DEBUG_HEURISTICS=1 prints every choice to stderr.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/moe_kernels.h"
+
+namespace mxmoe::cuda {
+
+struct LayerDims {
+  int64_t hidden = 0;       // K
+  int64_t inter = 0;        // I_local
+  int64_t top_k = 0;
+  int64_t num_experts = 0;  // E (global)
+  int64_t num_local = 0;
+};
+
+struct LaunchChoice {
+  int64_t chunk_tokens = 0;  // tokens per chunk (the last may be shorter)
+  int64_t num_chunks = 0;
+  GemmConfigId gemm = GemmConfigId::kN8;
+  double pairs_per_expert = 0;  // the estimate behind the config
+};
+
+// Balanced chunks of at most max_chunk tokens, and the GEMM config for their size.
+LaunchChoice ChooseLaunch(const LayerDims& dims, int64_t num_tokens, int64_t max_chunk);
+
+}  // namespace mxmoe::cuda

@@ -1,0 +1,157 @@
+// Device-side data and the launchers of every kernel of the CUDA backend (host-callable; the
+// kernels themselves live in the .cu/.cuh files beside this one and in sm90/). Launchers take raw
+// pointers and a stream and return a cudaError_t; cuda_moe.cu turns those into Status messages.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/weight_layout.h"
+#include "mxmoe/activation.h"
+#include "mxmoe/moe.h"
+
+namespace mxmoe::cuda {
+
+// Per local expert, on the device.
+struct ExpertParams {
+  ActParams act;
+  float fc1_scale = 1.0f;  // 2^c_shift of the expert's W13 (see StoredScale)
+  float fc2_scale = 1.0f;  // 2^c_shift of its W2
+  int32_t fc1_shift = 0;
+  int32_t fc2_shift = 0;
+  int32_t has_gate_bias = 0;
+  int32_t has_up_bias = 0;
+};
+
+// ---- weight repacking (weight_prepack.cu) ---------------------------------------------------
+// One expert's checkpoint tensors, already on the device (a staging copy).
+struct ExpertSource {
+  const uint8_t* w1_packed;  // [I, K/2]
+  const uint8_t* w1_scales;  // [I, K/32]
+  const uint8_t* w3_packed;
+  const uint8_t* w3_scales;
+  const uint8_t* w2_packed;  // [K, I/2]
+  const uint8_t* w2_scales;  // [K, I/32]
+};
+// W13 rows interleave gate and up in groups of 8: row group rg holds gate rows 8rg..8rg+7 then up
+// rows 8rg..8rg+7, so an MMA accumulator tile holds g and u of the same rows in the same thread.
+cudaError_t LaunchRepackExperts(const ExpertSource* sources_dev, int num, int64_t first_local,
+                                int64_t hidden, int64_t inter, const PackedShape& w13,
+                                const PackedShape& w2, const ExpertParams* params_dev,
+                                uint8_t* w13_tiles, uint8_t* w13_scales, uint8_t* w2_tiles,
+                                uint8_t* w2_scales, cudaStream_t stream);
+
+// ---- routing and input quantization (routing.cu) --------------------------------------------
+struct PrepareParams {
+  int64_t num_tokens = 0;  // this chunk's tokens
+  int64_t hidden = 0;      // K
+  int64_t x_stride = 0;    // row stride of xq, elements (K padded to 64)
+  const uint16_t* x_bf16 = nullptr;  // chunk rows, or null with x_e4m3/x_scale
+  const uint8_t* x_e4m3 = nullptr;
+  const uint8_t* x_scale = nullptr;
+  uint16_t* xq = nullptr;  // [T, x_stride] bf16: deq(mxfp8_quantize(x)), exact
+  const int32_t* topk_ids = nullptr;  // chunk rows [T, k]
+  int32_t top_k = 0;
+  int64_t first_expert = 0;
+  int32_t num_local = 0;
+  int32_t* keys = nullptr;  // [T*k] local expert, or num_local for a skipped slot
+  int32_t* pair_ids = nullptr;  // [T*k] 0..T*k-1
+};
+cudaError_t LaunchPrepare(const PrepareParams& p, cudaStream_t stream);
+
+// Bytes of CUB temporary storage the sort needs for n pairs.
+cudaError_t SortTempBytes(int64_t n, size_t* bytes);
+// Stable sort of (keys, pair_ids) by key over the low `key_bits` bits.
+cudaError_t SortPairs(void* temp, size_t temp_bytes, const int32_t* keys_in, int32_t* keys_out,
+                      const int32_t* vals_in, int32_t* vals_out, int64_t n, int key_bits,
+                      cudaStream_t stream);
+// expert_offsets[e] = first sorted position with key >= e (e = 0..num_local); the tile list of
+// block_n columns per expert (tile_offsets[e] = its first tile, [num_local + 1]), and its length.
+cudaError_t LaunchOffsetsAndTiles(const int32_t* sorted_keys, int64_t n, int32_t num_local,
+                                  int32_t block_n, int32_t* expert_offsets, int32_t* tile_offsets,
+                                  int2* tiles, int32_t* num_tiles, cudaStream_t stream);
+
+// out[t] = sum over valid slots j, in order, of y[t*k + j] (fp32), then the output dtype.
+cudaError_t LaunchCombine(const float* y, const int32_t* topk_ids, int64_t num_tokens,
+                          int32_t top_k, int64_t hidden, int64_t first_expert, int32_t num_local,
+                          OutputDType dtype, void* out, cudaStream_t stream);
+
+// ---- the fused grouped GEMMs (sm90/) ----------------------------------------------------------
+struct GemmParams {
+  // A: the prepacked weights of all local experts (expert e at e * a_shape.Tiles() tiles).
+  const uint8_t* a_tiles = nullptr;
+  const uint8_t* a_scales = nullptr;
+  PackedShape a_shape;
+  // B: bf16 rows with zero-padded columns up to a multiple of 64 read as zeros. FC1: xq per
+  // token; FC2: the intermediate per sorted pair.
+  const uint16_t* b = nullptr;
+  int64_t b_stride = 0;
+  // Routing.
+  const int32_t* sorted_pairs = nullptr;    // chunk-local pair ids t*k+j, grouped by expert
+  const int32_t* expert_offsets = nullptr;  // [num_local + 1]
+  const int2* tiles = nullptr;              // (local expert, first position in its segment)
+  const int32_t* num_tiles = nullptr;
+  int32_t m_tiles = 0;
+  int32_t top_k = 0;
+  const ExpertParams* experts = nullptr;
+  // FC1 epilogue: activation and MXFP8 re-quantization into h[sorted position, i].
+  ActivationType act = ActivationType::Situ;
+  const float* gate_bias = nullptr;  // [num_local, I_local] or null
+  const float* up_bias = nullptr;
+  uint16_t* h = nullptr;
+  int64_t h_stride = 0;
+  // FC2 epilogue: y[pair, n] = topk_weight * (aq . W2^T).
+  float* y = nullptr;
+  int64_t y_stride = 0;
+  const float* topk_weights = nullptr;  // chunk rows [T, k]
+};
+
+enum class GemmConfigId : int { kN8 = 0, kN32 = 1, kN64 = 2 };
+inline constexpr int kNumGemmConfigs = 3;
+
+struct GemmConfigInfo {
+  const char* name;
+  int block_m;
+  int block_n;
+  int threads;
+  int stages;
+  int smem_bytes;
+};
+GemmConfigInfo GemmInfo(GemmConfigId id);
+// Raises the dynamic shared memory limit of every GEMM kernel (once per device, at Create).
+cudaError_t PrepareGemmKernels();
+// grid_ctas = m_tiles * (upper bound of the tile count); CTAs past the real count exit at once.
+cudaError_t LaunchGemm(GemmConfigId id, bool fc1, const GemmParams& p, int64_t grid_ctas,
+                       cudaStream_t stream);
+
+// ---- the unfused reference (reference_kernels.cu) ---------------------------------------------
+struct ReferenceParams {
+  int64_t num_tokens = 0;
+  int64_t hidden = 0;  // K
+  int64_t inter = 0;   // I_local
+  int32_t top_k = 0;
+  int64_t first_expert = 0;
+  int32_t num_local = 0;
+  const uint16_t* x_bf16 = nullptr;
+  const uint8_t* x_e4m3 = nullptr;
+  const uint8_t* x_scale = nullptr;
+  const int32_t* topk_ids = nullptr;
+  const float* topk_weights = nullptr;
+  const uint8_t* w13_tiles = nullptr;
+  const uint8_t* w13_scales = nullptr;
+  PackedShape w13;
+  const uint8_t* w2_tiles = nullptr;
+  const uint8_t* w2_scales = nullptr;
+  PackedShape w2;
+  const ExpertParams* experts = nullptr;
+  ActivationType act = ActivationType::Situ;
+  const float* gate_bias = nullptr;
+  const float* up_bias = nullptr;
+  float* xd = nullptr;  // [T, K] fp32
+  float* hd = nullptr;  // [T*k, I_local] fp32
+  float* y = nullptr;   // [T*k, K] fp32
+};
+cudaError_t LaunchReference(const ReferenceParams& p, cudaStream_t stream);
+
+}  // namespace mxmoe::cuda

@@ -1,0 +1,68 @@
+// PTX wrappers the kernels use, each for an instruction CUDA C++ has no plain spelling of (or
+// spells through layers that hide what is issued). All of them exist on sm_80 and later, so the
+// files compile for both sm_90a and sm_120a.
+#pragma once
+
+#include <cstdint>
+
+namespace mxmoe::cuda::ptx {
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global -> shared copy that bypasses L1 (.cg) and does not occupy registers, so many can
+// be in flight per thread. src_bytes = 0 writes 16 zero bytes and reads nothing (PTX ISA, cp.async:
+// the bytes past src-size are filled with zeros).
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, uint32_t src_bytes = 16) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(smem)), "l"(gmem),
+               "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Wait until at most kPending committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Four 8x8 b16 matrices from shared memory; lane l gives the row address of matrix l / 8 and
+// receives, of each matrix, row l / 4, elements 2 (l % 4) and 2 (l % 4) + 1 (PTX ISA,
+// ldmatrix) -- exactly an mma.m16n8k16 B fragment register when the rows are the B columns.
+__device__ __forceinline__ void LdMatrixX4(uint32_t r[4], const void* smem_row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddr(smem_row)));
+}
+
+// D = A * B + D, bf16 inputs, fp32 accumulators (HMMA.16816.F32.BF16 in SASS).
+// NOTE: on SM90 this is the legacy tensor-core path (wgmma is the full-rate one); it is used here
+// because its per-warp fragments let the weights be dequantized in registers (SPEC section 6).
+__device__ __forceinline__ void MmaBf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two bf16 products a * b in one instruction; a fused multiply-add with -0 adds nothing and keeps
+// the sign of a zero product. NOTE: bf16 arithmetic has no flush-to-zero mode (PTX ISA,
+// half-precision fma: .ftz is defined for .f16 only), so the E2M1 patterns that are bf16 subnormals
+// (the 0.5 codes) are multiplied exactly.
+__device__ __forceinline__ uint32_t MulBf16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+  return d;
+}
+
+// Byte j (0..3) of v in both 16-bit halves, as bf16 exponent bits: the bf16x2 value 2^(b - 127)
+// twice for the stored scale byte b. One PRMT and one shift.
+template <int kByte>
+__device__ __forceinline__ uint32_t ScaleBf16x2(uint32_t v) {
+  static_assert(kByte >= 0 && kByte < 4);
+  constexpr uint32_t kSelector = 0x4040u | (kByte << 8) | kByte;  // [byte, 0, byte, 0]
+  return __byte_perm(v, 0u, kSelector) << 7;
+}
+
+}  // namespace mxmoe::cuda::ptx

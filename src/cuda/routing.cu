@@ -1,0 +1,200 @@
+// Step 1 of the fused pipeline and the pieces around the GEMMs: MXFP8 quantization of x, the
+// expert-sorted order of the valid (token, slot) pairs, per-expert offsets and the tile list, and
+// the deterministic combine. Everything stays on the device: no host synchronization.
+#include <cub/cub.cuh>
+
+#include "cuda/moe_kernels.h"
+#include "mxmoe/formats.h"
+
+namespace mxmoe::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// Blocks [0, quant_threads) quantize one 32-block of x each; the rest write one routing key each.
+__global__ void __launch_bounds__(kThreads) PrepareKernel(const PrepareParams p, int64_t quant_threads) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (idx < quant_threads) {
+    const int64_t blocks_per_row = p.hidden / kMxBlock;
+    if (idx >= p.num_tokens * blocks_per_row) return;  // padding of the last quantization block
+    const int64_t t = idx / blocks_per_row, b = idx % blocks_per_row;
+    uint8_t codes[kMxBlock];
+    uint8_t scale;
+    if (p.x_bf16 != nullptr) {
+      const uint4* src = reinterpret_cast<const uint4*>(p.x_bf16 + t * p.hidden + b * kMxBlock);
+      float v[kMxBlock];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint4 q = src[i];
+        const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          v[8 * i + 2 * j] = bf16_to_float(static_cast<uint16_t>(w[j] & 0xFFFFu));
+          v[8 * i + 2 * j + 1] = bf16_to_float(static_cast<uint16_t>(w[j] >> 16));
+        }
+      }
+      scale = mxfp8_quantize_block(v, codes);
+    } else {
+      const uint4* src = reinterpret_cast<const uint4*>(p.x_e4m3 + t * p.hidden + b * kMxBlock);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const uint4 q = src[i];
+        const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int j = 0; j < 16; ++j) codes[16 * i + j] = static_cast<uint8_t>(w[j / 4] >> (8 * (j % 4)));
+      }
+      scale = p.x_scale[t * blocks_per_row + b];
+    }
+    // deq(xq) = e4m3 * 2^s in fp32, exactly as the reference; exact in bf16 for realistic scales.
+    const float s = ue8m0_to_float(scale);
+    uint4* dst = reinterpret_cast<uint4*>(p.xq + t * p.x_stride + b * kMxBlock);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint32_t w[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t lo = float_to_bf16(e4m3_to_float(codes[8 * i + 2 * j]) * s);
+        const uint32_t hi = float_to_bf16(e4m3_to_float(codes[8 * i + 2 * j + 1]) * s);
+        w[j] = lo | (hi << 16);
+      }
+      dst[i] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    return;
+  }
+  const int64_t pair = idx - quant_threads;
+  if (pair >= p.num_tokens * p.top_k) return;
+  // Out-of-range ids (any value) and -1 are skipped like ids of other ranks: key num_local.
+  const int64_t local = static_cast<int64_t>(p.topk_ids[pair]) - p.first_expert;
+  const bool valid = p.topk_ids[pair] >= 0 && local >= 0 && local < p.num_local;
+  p.keys[pair] = valid ? static_cast<int32_t>(local) : p.num_local;
+  p.pair_ids[pair] = static_cast<int32_t>(pair);
+}
+
+__device__ int LowerBound(const int32_t* v, int64_t n, int32_t key) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (v[mid] < key) lo = mid + 1;
+    else hi = mid;
+  }
+  return static_cast<int>(lo);
+}
+
+constexpr int kTileThreads = 1024;
+
+// One CTA: offsets by binary search in the sorted keys, then the tile count per expert, its scan
+// (tile_offsets), and the tile list filled by every thread.
+__global__ void __launch_bounds__(kTileThreads)
+    OffsetsTilesKernel(const int32_t* sorted_keys, int64_t n, int32_t num_local, int32_t block_n,
+                       int32_t* offsets, int32_t* tile_offsets, int2* tiles, int32_t* num_tiles) {
+  using Scan = cub::BlockScan<int32_t, kTileThreads>;
+  __shared__ typename Scan::TempStorage scan_storage;
+  __shared__ int32_t carry;
+  if (threadIdx.x == 0) carry = 0;
+  for (int e = threadIdx.x; e <= num_local; e += kTileThreads) offsets[e] = LowerBound(sorted_keys, n, e);
+  __syncthreads();
+  for (int base = 0; base < num_local; base += kTileThreads) {
+    const int e = base + static_cast<int>(threadIdx.x);
+    const int count = e < num_local ? offsets[e + 1] - offsets[e] : 0;
+    int start, total;
+    Scan(scan_storage).ExclusiveSum((count + block_n - 1) / block_n, start, total);
+    if (e < num_local) tile_offsets[e] = carry + start;
+    __syncthreads();
+    if (threadIdx.x == 0) carry += total;
+    __syncthreads();
+  }
+  const int total_tiles = carry;
+  if (threadIdx.x == 0) tile_offsets[num_local] = total_tiles;
+  __syncthreads();
+  for (int t = threadIdx.x; t < total_tiles; t += kTileThreads) {
+    // The expert of tile t: the last e with tile_offsets[e] <= t.
+    int lo = 0, hi = num_local;
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) / 2;
+      if (tile_offsets[mid] <= t) lo = mid;
+      else hi = mid;
+    }
+    tiles[t] = make_int2(lo, (t - tile_offsets[lo]) * block_n);
+  }
+  if (threadIdx.x == 0) *num_tiles = total_tiles;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    CombineKernel(const float* y, const int32_t* topk_ids, int64_t num_tokens, int32_t top_k,
+                  int64_t hidden, int64_t first_expert, int32_t num_local, OutputDType dtype, void* out) {
+  const int64_t per_row = hidden / 4;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (idx >= num_tokens * per_row) return;
+  const int64_t t = idx / per_row, c4 = idx % per_row;
+  // The reference's order: acc = 0, then acc += w_j * y_j for j = 0..k-1 (w_j * y_j is in y).
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int j = 0; j < top_k; ++j) {
+    const int32_t id = topk_ids[t * top_k + j];
+    const int64_t local = static_cast<int64_t>(id) - first_expert;
+    if (id < 0 || local < 0 || local >= num_local) continue;
+    const float4 v = reinterpret_cast<const float4*>(y)[(t * top_k + j) * per_row + c4];
+    acc.x += v.x;
+    acc.y += v.y;
+    acc.z += v.z;
+    acc.w += v.w;
+  }
+  if (dtype == OutputDType::kF32) {
+    reinterpret_cast<float4*>(out)[idx] = acc;
+  } else {
+    const uint32_t lo = float_to_bf16(acc.x) | (static_cast<uint32_t>(float_to_bf16(acc.y)) << 16);
+    const uint32_t hi = float_to_bf16(acc.z) | (static_cast<uint32_t>(float_to_bf16(acc.w)) << 16);
+    reinterpret_cast<uint2*>(out)[idx] = make_uint2(lo, hi);
+  }
+}
+
+int64_t Blocks(int64_t threads) { return (threads + kThreads - 1) / kThreads; }
+
+}  // namespace
+
+cudaError_t LaunchPrepare(const PrepareParams& p, cudaStream_t stream) {
+  const int64_t quant = p.num_tokens * (p.hidden / kMxBlock);
+  const int64_t blocks = Blocks(quant) + Blocks(p.num_tokens * p.top_k);
+  if (blocks == 0) return cudaSuccess;
+  // Quantization threads are padded to whole blocks so the key blocks start at a block edge.
+  PrepareKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p, Blocks(quant) * kThreads);
+  return cudaGetLastError();
+}
+
+cudaError_t SortTempBytes(int64_t n, size_t* bytes) {
+  *bytes = 0;
+  return cub::DeviceRadixSort::SortPairs(nullptr, *bytes, static_cast<const uint32_t*>(nullptr),
+                                         static_cast<uint32_t*>(nullptr),
+                                         static_cast<const int32_t*>(nullptr),
+                                         static_cast<int32_t*>(nullptr), n, 0, 32);
+}
+
+cudaError_t SortPairs(void* temp, size_t temp_bytes, const int32_t* keys_in, int32_t* keys_out,
+                      const int32_t* vals_in, int32_t* vals_out, int64_t n, int key_bits,
+                      cudaStream_t stream) {
+  // Keys are non-negative; sorting them as unsigned keeps CUB's radix passes to the low bits.
+  // LSD radix sort is stable, so pairs of one expert stay in token order (deterministic).
+  return cub::DeviceRadixSort::SortPairs(temp, temp_bytes, reinterpret_cast<const uint32_t*>(keys_in),
+                                         reinterpret_cast<uint32_t*>(keys_out), vals_in, vals_out, n,
+                                         0, key_bits, stream);
+}
+
+cudaError_t LaunchOffsetsAndTiles(const int32_t* sorted_keys, int64_t n, int32_t num_local,
+                                  int32_t block_n, int32_t* expert_offsets, int32_t* tile_offsets,
+                                  int2* tiles, int32_t* num_tiles, cudaStream_t stream) {
+  OffsetsTilesKernel<<<1, kTileThreads, 0, stream>>>(sorted_keys, n, num_local, block_n,
+                                                     expert_offsets, tile_offsets, tiles, num_tiles);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCombine(const float* y, const int32_t* topk_ids, int64_t num_tokens,
+                          int32_t top_k, int64_t hidden, int64_t first_expert, int32_t num_local,
+                          OutputDType dtype, void* out, cudaStream_t stream) {
+  const int64_t blocks = Blocks(num_tokens * hidden / 4);
+  if (blocks == 0) return cudaSuccess;
+  CombineKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      y, topk_ids, num_tokens, top_k, hidden, first_expert, num_local, dtype, out);
+  return cudaGetLastError();
+}
+
+}  // namespace mxmoe::cuda

@@ -1,0 +1,313 @@
+// The fused grouped GEMMs of the MoE on SM90: one kernel template for FC1 (with the activation and
+// the MXFP8 re-quantization of the intermediate in its epilogue) and FC2 (with the router weight,
+// writing one fp32 row per (token, slot) for the deterministic combine).
+//
+// Formulation ("swapped AB"): the MMA M dimension is weight rows, N is tokens. A CTA computes a
+// tile of 256 weight rows x BLOCK_N tokens of one expert, over the whole reduction in 64-wide
+// steps. Each of the 4 warps owns 64 rows (4 MMA row tiles) and all BLOCK_N tokens.
+//   A: prepacked MXFP4 (weight_layout.h), cp.async'ed to shared memory, read one 16-byte piece per
+//      lane per row tile and step, and dequantized in registers to bf16 exactly (E2M1 bit pattern
+//      times a bf16 power of two built from the scale byte).
+//   B: bf16 rows (the exact dequantized MXFP8 activations), gathered by cp.async into a swizzled
+//      shared tile and read with ldmatrix.
+//   Products are exact in the bf16 MMA; accumulation is fp32.
+// For FC1 a warp's 64 rows are 32 gate rows and the 32 up rows of the same intermediate indices
+// (row groups interleave gate and up by 8), so one warp holds whole MX blocks of the intermediate
+// and the re-quantization needs only warp shuffles.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cfloat>
+#include <climits>
+#include <cstdint>
+
+#include "core/activation_math.h"
+#include "cuda/moe_kernels.h"
+#include "cuda/ptx.cuh"
+#include "cuda/weight_layout.h"
+#include "mxmoe/formats.h"
+
+namespace mxmoe::cuda::sm90 {
+
+// ---- config -----------------------------------------------------------------------------------
+template <int kBlockN_, int kStages_>
+struct GemmConfig {
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kMFrags = kWarpRowGroups;  // 16-row MMA tiles per warp
+  static constexpr int kBlockGroups = kWarps * kMFrags;
+  static constexpr int kBlockM = kBlockGroups * kTileRows;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kNTiles = kBlockN / 8;  // 8-token MMA tiles
+  static constexpr int kBlockK = kTileCols;
+  static constexpr int kStages = kStages_;
+  static constexpr int kSmemA = kBlockGroups * kTileBytes;
+  static constexpr int kSmemScales = kBlockGroups * kTileScaleBytes;
+  static constexpr int kSmemB = kBlockN * kBlockK * 2;  // bf16, 128 bytes per token row
+  static constexpr int kSmemStage = kSmemA + kSmemScales + kSmemB;
+  static constexpr int kSmemBytes = kStages * kSmemStage;
+
+  static_assert(kBlockGroups == kBlockRowGroups, "the prepacked layout groups 256 rows per CTA");
+  static_assert(kMFrags * kTileRows == 64, "FC1: one warp = 32 gate + 32 up rows = one MX block");
+  static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= 128, "whole 8-token MMA tiles");
+  static_assert(kBlockK == 64, "one 16-byte A piece per lane covers 4 k16 steps");
+  static_assert(kStages >= 2 && kStages <= 8, "cp.async pipeline depth");
+  static_assert(kSmemStage % 128 == 0, "stages stay 128-byte aligned");
+  static_assert(kSmemBytes <= 227 * 1024, "SM90 shared memory per block");
+};
+
+// ---- device pieces ----------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t WordOf(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// Half of a 64-wide step: k16 steps 2*kHalf and 2*kHalf+1, which share the 32-block kHalf.
+template <class Cfg, int kHalf>
+__device__ __forceinline__ void ComputeHalfStep(const uint4 (&frag_a)[Cfg::kMFrags],
+                                                const uint32_t (&frag_s)[Cfg::kMFrags],
+                                                const uint8_t* smem_b, int lane,
+                                                float (&acc)[Cfg::kMFrags][Cfg::kNTiles][4]) {
+  // B fragments: matrix q of the x4 load is 16-byte unit 4*kHalf + q of token row nt*8 + r,
+  // i.e. (b0, b1) of step 2*kHalf, then (b0, b1) of step 2*kHalf + 1.
+  const int r = lane & 7, q = lane >> 3;
+  uint32_t frag_b[Cfg::kNTiles][4];
+#pragma unroll
+  for (int nt = 0; nt < Cfg::kNTiles; ++nt) {
+    const int unit = 4 * kHalf + q;
+    ptx::LdMatrixX4(frag_b[nt], smem_b + (nt * 8 + r) * 128 + ((unit ^ r) << 4));
+  }
+#pragma unroll
+  for (int f = 0; f < Cfg::kMFrags; ++f) {
+    const uint32_t scale_lo = ptx::ScaleBf16x2<2 * kHalf>(frag_s[f]);      // row g
+    const uint32_t scale_hi = ptx::ScaleBf16x2<2 * kHalf + 1>(frag_s[f]);  // row g + 8
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      uint32_t raw[4], a[4];
+      DecodeWord(WordOf(frag_a[f], 2 * kHalf + s), raw);
+      a[0] = ptx::MulBf16x2(raw[0], scale_lo);
+      a[1] = ptx::MulBf16x2(raw[1], scale_hi);
+      a[2] = ptx::MulBf16x2(raw[2], scale_lo);
+      a[3] = ptx::MulBf16x2(raw[3], scale_hi);
+#pragma unroll
+      for (int nt = 0; nt < Cfg::kNTiles; ++nt)
+        ptx::MmaBf16(acc[f][nt], a, frag_b[nt][2 * s], frag_b[nt][2 * s + 1]);
+    }
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void ComputeStage(const uint8_t* stage, int warp, int lane,
+                                             float (&acc)[Cfg::kMFrags][Cfg::kNTiles][4]) {
+  const uint8_t* smem_a = stage;
+  const uint8_t* smem_s = stage + Cfg::kSmemA;
+  const uint8_t* smem_b = smem_s + Cfg::kSmemScales;
+  const int g = lane >> 2;
+  uint4 frag_a[Cfg::kMFrags];
+  uint32_t frag_s[Cfg::kMFrags];
+#pragma unroll
+  for (int f = 0; f < Cfg::kMFrags; ++f) {
+    const int group = warp * Cfg::kMFrags + f;
+    frag_a[f] = *reinterpret_cast<const uint4*>(smem_a + group * kTileBytes + lane * 16);
+    frag_s[f] = *reinterpret_cast<const uint32_t*>(smem_s + group * kTileScaleBytes + g * 4);
+  }
+  ComputeHalfStep<Cfg, 0>(frag_a, frag_s, smem_b, lane, acc);
+  ComputeHalfStep<Cfg, 1>(frag_a, frag_s, smem_b, lane, acc);
+}
+
+// ---- kernel -----------------------------------------------------------------------------------
+template <class Cfg, bool kFc1>
+__global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_constant__ GemmParams p) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900)
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ int32_t smem_rows[Cfg::kBlockN];  // B source row of each tile column, -1 past the segment
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int m_tile = static_cast<int>(blockIdx.x % static_cast<uint32_t>(p.m_tiles));
+  const int tile_idx = static_cast<int>(blockIdx.x / static_cast<uint32_t>(p.m_tiles));
+  if (tile_idx >= *p.num_tiles) return;
+  const int2 tile = p.tiles[tile_idx];
+  const int expert = tile.x;
+  const int seg_begin = p.expert_offsets[expert] + tile.y;
+  const int n_valid = min(Cfg::kBlockN, p.expert_offsets[expert + 1] - seg_begin);
+
+  for (int n = tid; n < Cfg::kBlockN; n += Cfg::kThreads) {
+    int row = -1;
+    if (n < n_valid) row = kFc1 ? p.sorted_pairs[seg_begin + n] / p.top_k : seg_begin + n;
+    smem_rows[n] = row;
+  }
+  __syncthreads();
+
+  const PackedShape& shape = p.a_shape;
+  const int64_t group0 = static_cast<int64_t>(m_tile) * Cfg::kBlockGroups;
+  const int groups = static_cast<int>(shape.GroupsInBlock(m_tile));
+  const int64_t first_tile = static_cast<int64_t>(expert) * shape.Tiles() + shape.TileIndex(group0, 0);
+  const uint8_t* gmem_a = p.a_tiles + first_tile * kTileBytes;
+  const uint8_t* gmem_s = p.a_scales + first_tile * kTileScaleBytes;
+  const int k_tiles = static_cast<int>(shape.col_tiles);
+  const int k_valid = static_cast<int>(shape.cols);
+
+  // One 64-wide step: the block's `groups` A tiles and scales (contiguous in the layout) and the
+  // BLOCK_N gathered B rows; columns past k_valid and rows past the segment are zero-filled.
+  auto load_stage = [&](int stage, int kt) {
+    uint8_t* smem_a = smem + stage * Cfg::kSmemStage;
+    uint8_t* smem_s = smem_a + Cfg::kSmemA;
+    uint8_t* smem_b = smem_s + Cfg::kSmemScales;
+    const uint8_t* src_a = gmem_a + static_cast<int64_t>(kt) * groups * kTileBytes;
+    const uint8_t* src_s = gmem_s + static_cast<int64_t>(kt) * groups * kTileScaleBytes;
+    for (int u = tid; u < groups * (kTileBytes / 16); u += Cfg::kThreads)
+      ptx::CpAsync16(smem_a + u * 16, src_a + u * 16);
+    for (int u = tid; u < groups * (kTileScaleBytes / 16); u += Cfg::kThreads)
+      ptx::CpAsync16(smem_s + u * 16, src_s + u * 16);
+    for (int u = tid; u < Cfg::kBlockN * 8; u += Cfg::kThreads) {
+      const int n = u >> 3, unit = u & 7;
+      const int row = smem_rows[n];
+      const int col = kt * Cfg::kBlockK + unit * 8;
+      const bool ok = row >= 0 && col < k_valid;
+      const uint16_t* src = ok ? p.b + static_cast<int64_t>(row) * p.b_stride + col : p.b;
+      // NOTE: ldmatrix reads 8 rows of one 16-byte column; rows are 128 bytes apart, so without
+      // the XOR swizzle all 8 would hit the same 4 banks.
+      ptx::CpAsync16(smem_b + n * 128 + ((unit ^ (n & 7)) << 4), src, ok ? 16u : 0u);
+    }
+  };
+
+  float acc[Cfg::kMFrags][Cfg::kNTiles][4];
+#pragma unroll
+  for (int f = 0; f < Cfg::kMFrags; ++f)
+#pragma unroll
+    for (int nt = 0; nt < Cfg::kNTiles; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[f][nt][i] = 0.0f;
+
+  // Rows are padded to 64 per warp, so a warp's 4 row tiles are all real or all padding.
+  const bool warp_active = warp * Cfg::kMFrags < groups;
+
+#pragma unroll
+  for (int s = 0; s < Cfg::kStages - 1; ++s) {
+    if (s < k_tiles) load_stage(s, s);
+    ptx::CpAsyncCommit();
+  }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    ptx::CpAsyncWait<Cfg::kStages - 2>();  // step kt has landed (one commit per step, empty ones too)
+    __syncthreads();                        // ... for every thread, and step kt-1's stage is free
+    const int next = kt + Cfg::kStages - 1;
+    if (next < k_tiles) load_stage(next % Cfg::kStages, next);
+    ptx::CpAsyncCommit();
+    if (warp_active) ComputeStage<Cfg>(smem + (kt % Cfg::kStages) * Cfg::kSmemStage, warp, lane, acc);
+  }
+  ptx::CpAsyncWait<0>();
+  if (!warp_active) return;
+
+  const int g = lane >> 2, c = lane & 3;
+  const ExpertParams ep = p.experts[expert];
+  if constexpr (kFc1) {
+    // Accumulator (f, nt): c0/c1 = gate row i of tokens 2c, 2c+1; c2/c3 = up row i, the same
+    // tokens; i = i_block + 8 f + g. The warp's 32 i form one MX block.
+    const int64_t i_block = (group0 + warp * Cfg::kMFrags) * 8;
+    const int64_t bias_row = static_cast<int64_t>(expert) * (shape.rows / 2);
+    float gate_bias[Cfg::kMFrags], up_bias[Cfg::kMFrags];
+#pragma unroll
+    for (int f = 0; f < Cfg::kMFrags; ++f) {
+      const int64_t i = i_block + 8 * f + g;
+      gate_bias[f] = ep.has_gate_bias ? p.gate_bias[bias_row + i] : 0.0f;
+      up_bias[f] = ep.has_up_bias ? p.up_bias[bias_row + i] : 0.0f;
+    }
+#pragma unroll
+    for (int nt = 0; nt < Cfg::kNTiles; ++nt) {
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        float a[Cfg::kMFrags];
+        float amax = 0.0f;
+        int finite = 1;
+#pragma unroll
+        for (int f = 0; f < Cfg::kMFrags; ++f) {
+          float gv = acc[f][nt][q] * ep.fc1_scale;  // exact: a power of two
+          float uv = acc[f][nt][2 + q] * ep.fc1_scale;
+          if (ep.has_gate_bias) gv += gate_bias[f];
+          if (ep.has_up_bias) uv += up_bias[f];
+          a[f] = apply_activation(p.act, gv, uv, ep.act);
+          const float m = fabsf(a[f]);
+          if (!(m <= FLT_MAX)) finite = 0;  // NaN or Inf: the block's scale is NaN
+          else amax = fmaxf(amax, m);
+        }
+        // The 8 lanes with the same c hold the same token: reduce over lane bits 2..4.
+#pragma unroll
+        for (int off = 4; off < 32; off <<= 1) {
+          amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+          finite &= __shfl_xor_sync(0xFFFFFFFFu, finite, off);
+        }
+        const int s = mxfp8_scale_exponent(amax);
+        const float scale = ue8m0_to_float(finite ? static_cast<uint8_t>(s + 127) : kUe8m0Nan);
+        const int col = nt * 8 + 2 * c + q;
+        if (col < n_valid) {
+          uint16_t* dst = p.h + static_cast<int64_t>(seg_begin + col) * p.h_stride + i_block + g;
+#pragma unroll
+          for (int f = 0; f < Cfg::kMFrags; ++f)
+            dst[8 * f] = float_to_bf16(e4m3_to_float(float_to_e4m3(ldexpf(a[f], -s))) * scale);
+        }
+      }
+    }
+  } else {
+    // Accumulator (f, nt): c0/c1 = output row n of tokens 2c, 2c+1; c2/c3 = row n + 8.
+    int32_t pair[Cfg::kNTiles][2];
+    float weight[Cfg::kNTiles][2];
+#pragma unroll
+    for (int nt = 0; nt < Cfg::kNTiles; ++nt)
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int col = nt * 8 + 2 * c + q;
+        pair[nt][q] = col < n_valid ? p.sorted_pairs[seg_begin + col] : -1;
+        weight[nt][q] = col < n_valid ? p.topk_weights[pair[nt][q]] : 0.0f;
+      }
+#pragma unroll
+    for (int f = 0; f < Cfg::kMFrags; ++f)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t row = (group0 + warp * Cfg::kMFrags + f) * kTileRows + g + 8 * half;
+        if (row >= shape.rows) continue;
+#pragma unroll
+        for (int nt = 0; nt < Cfg::kNTiles; ++nt)
+#pragma unroll
+          for (int q = 0; q < 2; ++q) {
+            if (pair[nt][q] < 0) continue;
+            const float y = acc[f][nt][2 * half + q] * ep.fc2_scale;  // exact: a power of two
+            p.y[static_cast<int64_t>(pair[nt][q]) * p.y_stride + row] = weight[nt][q] * y;
+          }
+      }
+  }
+#else
+  __trap();  // built for SM90 only; cuda_moe.cu refuses other devices before launching
+#endif
+}
+
+// ---- launch -----------------------------------------------------------------------------------
+template <class Cfg>
+cudaError_t PrepareGemmConfig() {
+  cudaError_t e = cudaFuncSetAttribute(MoeGemmKernel<Cfg, true>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  if (e != cudaSuccess) return e;
+  return cudaFuncSetAttribute(MoeGemmKernel<Cfg, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              Cfg::kSmemBytes);
+}
+
+template <class Cfg>
+cudaError_t LaunchGemmConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, cudaStream_t stream) {
+  if (grid_ctas <= 0) return cudaSuccess;
+  if (grid_ctas > INT_MAX) return cudaErrorInvalidConfiguration;
+  const dim3 grid(static_cast<unsigned>(grid_ctas));
+  if (fc1) MoeGemmKernel<Cfg, true><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  else MoeGemmKernel<Cfg, false><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <class Cfg>
+GemmConfigInfo InfoOf(const char* name) {
+  return {name, Cfg::kBlockM, Cfg::kBlockN, Cfg::kThreads, Cfg::kStages, Cfg::kSmemBytes};
+}
+
+// The instantiations, one per translation unit (moe_gemm_n*.cu).
+using ConfigN8 = GemmConfig<8, 6>;    // decode: 1-8 tokens per expert, weights streamed from HBM
+using ConfigN32 = GemmConfig<32, 4>;  // tens of tokens per expert
+using ConfigN64 = GemmConfig<64, 4>;  // prefill
+
+}  // namespace mxmoe::cuda::sm90

@@ -1,0 +1,433 @@
+// The CUDA backend against the CPU reference (small and medium shapes) and against its own unfused
+// GPU reference (large shapes), plus slices, determinism, graph replay and error handling.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "common/compare.h"
+#include "common/moe_run.h"
+#include "common/random.h"
+#include "cuda/weight_layout.h"
+#include "gpu/gpu_harness.h"
+#include "gpu/tolerance.h"
+#include "mxmoe/cuda.h"
+#include "mxmoe/synthetic.h"
+
+namespace mxmoe::test {
+namespace {
+
+constexpr RoutingPattern kPatterns[] = {RoutingPattern::kUniform, RoutingPattern::kOneExpert,
+                                        RoutingPattern::kFewExperts, RoutingPattern::kWithInvalid,
+                                        RoutingPattern::kHeavyHitters};
+constexpr ActivationType kKinds[] = {ActivationType::Situ, ActivationType::Swiglu,
+                                     ActivationType::SwigluBias, ActivationType::Geglu,
+                                     ActivationType::GegluTanh};
+
+// Situ with per-expert beta / beta_lin around Kimi-K3's, or the kind's defaults.
+ActivationSpec SpecFor(ActivationType t, int64_t num_experts) {
+  ActivationSpec a = Act(t);
+  if (t == ActivationType::Situ) {
+    for (int64_t e = 0; e < num_experts; ++e) {
+      ActParams p;
+      p.beta = 2.0f + 0.5f * static_cast<float>(e % 5);
+      p.linear_beta = 10.0f + 3.0f * static_cast<float>(e % 7);
+      a.per_expert.push_back(p);
+    }
+  }
+  return a;
+}
+
+SyntheticInput Input(const LayerShape& s, int64_t t, RoutingPattern p, uint64_t seed) {
+  SyntheticInput in;
+  MakeSyntheticInput(s, t, p, seed, &in);
+  return in;
+}
+
+std::vector<float> CpuF32(const ExpertSet& set, const SyntheticInput& in, bool threaded) {
+  if (!threaded) return ReferenceF32(set, InputOf(in));
+  return RunF32([](const ExpertSet& e, const MoeInput& i, const MoeOutput& o) { return CpuMoe(e, i, o); },
+                set, InputOf(in));
+}
+std::vector<uint16_t> CpuBf16(const ExpertSet& set, const SyntheticInput& in, bool threaded) {
+  if (!threaded) return ReferenceBf16(set, InputOf(in));
+  return RunBf16([](const ExpertSet& e, const MoeInput& i, const MoeOutput& o) { return CpuMoe(e, i, o); },
+                 set, InputOf(in));
+}
+
+// ---- the private weight layout, on the host -----------------------------------------------------
+TEST(CudaLayout, WordEncodeDecodeRoundTrip) {
+  TestRng rng(7);
+  for (int it = 0; it < 20000; ++it) {
+    uint8_t codes[8];
+    for (uint8_t& c : codes) c = static_cast<uint8_t>(rng.Next() & 15);
+    const uint32_t w = cuda::EncodeWord(codes);
+    uint32_t r[4];
+    cuda::DecodeWord(w, r);
+    for (int reg = 0; reg < 4; ++reg)
+      for (int hi = 0; hi < 2; ++hi) {
+        const uint8_t code = codes[2 * reg + hi];
+        ASSERT_EQ(cuda::CodeAt(w, reg, hi), code);
+        // The decoded bf16 is the E2M1 value times 2^-126, bit for bit (signed zeros too).
+        const float got = bf16_to_float(static_cast<uint16_t>(hi ? r[reg] >> 16 : r[reg] & 0xFFFFu));
+        const float want = e2m1_to_float(code) * std::ldexp(1.0f, -126);
+        ASSERT_EQ(detail::Bits(got), detail::Bits(want)) << "reg " << reg << " hi " << hi << " code " << int(code);
+      }
+  }
+}
+
+TEST(CudaLayout, TileIndexIsABijection) {
+  for (int64_t rows : {64, 192, 256, 320, 3584, 6144})
+    for (int64_t cols : {32, 64, 96, 2880}) {
+      const cuda::PackedShape s = cuda::PackedShape::Of(rows, cols);
+      std::vector<int> seen(static_cast<size_t>(s.Tiles()), 0);
+      for (int64_t rg = 0; rg < s.row_groups; ++rg)
+        for (int64_t kt = 0; kt < s.col_tiles; ++kt) ++seen.at(static_cast<size_t>(s.TileIndex(rg, kt)));
+      for (int v : seen) ASSERT_EQ(v, 1) << rows << " x " << cols;
+    }
+}
+
+TEST(CudaLayout, StoredScaleIsExactForRealisticScales) {
+  for (int b = 0; b <= 128; ++b)
+    EXPECT_EQ(cuda::StoredScaleValue(cuda::StoredScale(static_cast<uint8_t>(b), 0), 0), ue8m0_to_float(static_cast<uint8_t>(b)));
+  for (int b = 100; b < 255; ++b) {  // a layer with scales up to 2^127 shifts its exponents down
+    const int shift = cuda::ScaleShiftFor(254);
+    EXPECT_EQ(cuda::StoredScaleValue(cuda::StoredScale(static_cast<uint8_t>(b), shift), shift), ue8m0_to_float(static_cast<uint8_t>(b)));
+  }
+  EXPECT_TRUE(std::isnan(cuda::StoredScaleValue(cuda::StoredScale(kUe8m0Nan, 0), 0)));
+}
+
+// ---- API and refusals ---------------------------------------------------------------------------
+TEST(CudaApi, BuildAndDevices) {
+  EXPECT_TRUE(CudaBuilt());
+  EXPECT_NE(CudaArchsCompiled().find("sm_90a"), std::string::npos) << CudaArchsCompiled();
+  for (const CudaDeviceInfo& d : CudaDevices())
+    std::printf("device %d: %s, cc %d.%d, %d SMs, %zu MB\n", d.index, d.name.c_str(), d.major, d.minor,
+                d.sm_count, d.total_memory >> 20);
+}
+
+TEST(CudaApi, RefusesBadArguments) {
+  MXMOE_REQUIRE_SM90();
+  const LayerShape s{8, 128, 64, 2};
+  ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 3);
+  std::unique_ptr<CudaMoe> moe;
+  EXPECT_EQ(CudaMoe::Create(set, 99, &moe).code(), StatusCode::kInvalidArgument);
+  ExpertSet bad = set;
+  bad.activation.type = ActivationType::Relu2;  // not gated / not implemented: refused by name
+  const Status refused = CudaMoe::Create(bad, 0, &moe);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("Relu2"), std::string::npos) << refused.message();
+
+  moe = MakeCudaMoe(set);
+  ASSERT_TRUE(moe);
+  EXPECT_TRUE(moe->Layout().experts.empty());
+  const SyntheticInput in = Input(s, 5, RoutingPattern::kUniform, 1);
+  DeviceCase dc(*moe, in);
+  const Status small = moe->Run(dc.Input(), dc.Output(OutputDType::kBF16), dc.workspace(), dc.workspace_bytes() - 1, nullptr);
+  EXPECT_EQ(small.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(small.message().find("workspace"), std::string::npos) << small.message();
+  MoeInput none = dc.Input();
+  none.topk_ids = nullptr;
+  EXPECT_EQ(moe->Run(none, dc.Output(OutputDType::kBF16), dc.workspace(), dc.workspace_bytes(), nullptr).code(),
+            StatusCode::kInvalidArgument);
+  // T = 0: nothing to do, no workspace needed.
+  MoeInput empty = dc.Input();
+  empty.num_tokens = 0;
+  EXPECT_TRUE(moe->Run(empty, dc.Output(OutputDType::kBF16), nullptr, 0, nullptr).ok());
+  EXPECT_EQ(moe->WorkspaceSize(0), 0u);
+}
+
+// ---- small shapes: every kind x routing x token count against ReferenceMoe ---------------------
+struct SmallCase {
+  LayerShape shape;
+  ActivationType kind;
+};
+
+TEST(CudaMoeSmall, AllKindsPatternsAndTokenCountsMatchReference) {
+  MXMOE_REQUIRE_SM90();
+  // K and I not multiples of 64 (96) exercise the padded tiles; I = 32 one MX block.
+  const LayerShape shapes[] = {{8, 128, 64, 2}, {6, 96, 96, 3}, {16, 256, 160, 4}, {5, 64, 32, 5}};
+  uint64_t seed = 100;
+  for (const LayerShape& s : shapes) {
+    for (ActivationType kind : kKinds) {
+      const bool bias = kind == ActivationType::SwigluBias;
+      ExpertSet set = SyntheticSet(s, SpecFor(kind, s.num_experts), ++seed, {}, bias);
+      auto moe = MakeCudaMoe(set);
+      ASSERT_TRUE(moe);
+      for (RoutingPattern pat : kPatterns) {
+        for (int64_t t : {0, 1, 2, 8, 33}) {
+          SCOPED_TRACE(std::string(ActivationName(kind)) + " " + RoutingPatternName(pat) + " T=" +
+                       std::to_string(t) + " K=" + std::to_string(s.hidden) + " I=" + std::to_string(s.intermediate));
+          const SyntheticInput in = Input(s, t, pat, ++seed);
+          DeviceCase dc(*moe, in);
+          const std::vector<int64_t> dims{t, s.hidden};
+          const auto ref32 = CpuF32(set, in, false);
+          const auto ref16 = CpuBf16(set, in, false);
+          EXPECT_TRUE(MoeCloseF32(dc.RunF32(), ref32, dims));
+          EXPECT_TRUE(MoeCloseBf16(dc.RunBf16(), ref16, dims));
+          EXPECT_TRUE(MoeCloseF32(dc.RunF32(/*reference=*/true), ref32, dims));
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaMoeSmall, PrequantizedInputMatchesReference) {
+  MXMOE_REQUIRE_SM90();
+  const LayerShape s{8, 192, 96, 3};
+  ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 41);
+  auto moe = MakeCudaMoe(set);
+  ASSERT_TRUE(moe);
+  const SyntheticInput in = Input(s, 17, RoutingPattern::kWithInvalid, 42);
+  // Quantize x on the host with the formats' own rule, then feed codes + scales.
+  std::vector<uint8_t> codes(in.x_bf16.size()), scales(in.x_bf16.size() / kMxBlock);
+  for (size_t b = 0; b < scales.size(); ++b) {
+    float v[kMxBlock];
+    for (int i = 0; i < kMxBlock; ++i) v[i] = bf16_to_float(in.x_bf16[b * kMxBlock + i]);
+    scales[b] = mxfp8_quantize_block(v, codes.data() + b * kMxBlock);
+  }
+  MoeInput host = InputOf(in);
+  host.x_bf16 = nullptr;
+  host.x_e4m3 = codes.data();
+  host.x_scale = scales.data();
+  const auto ref = ReferenceF32(set, host);
+  DeviceCase dc(*moe, in);
+  dc.UseFp8(codes, scales);
+  EXPECT_TRUE(MoeCloseF32(dc.RunF32(), ref, {in.num_tokens, s.hidden}));
+  EXPECT_TRUE(MoeCloseF32(dc.RunF32(true), ref, {in.num_tokens, s.hidden}));
+}
+
+TEST(CudaMoeSmall, OutOfRangeIdsAreSkipped) {
+  MXMOE_REQUIRE_SM90();
+  const LayerShape s{8, 128, 64, 4};
+  ExpertSet set = SyntheticSet(s, Act(ActivationType::Swiglu), 51);
+  auto moe = MakeCudaMoe(set);
+  ASSERT_TRUE(moe);
+  SyntheticInput in = Input(s, 40, RoutingPattern::kUniform, 52);
+  SyntheticInput clean = in;
+  const int32_t junk[] = {8, 1000000, -2, -7, 2147483647, -2147483647 - 1};
+  for (size_t i = 0; i < in.topk_ids.size(); i += 3) {
+    in.topk_ids[i] = junk[(i / 3) % 6];
+    clean.topk_ids[i] = -1;  // the reference refuses such ids; they mean "no expert"
+  }
+  const auto ref = CpuF32(set, clean, false);
+  DeviceCase dc(*moe, in);
+  EXPECT_TRUE(MoeCloseF32(dc.RunF32(), ref, {in.num_tokens, s.hidden}));
+  EXPECT_TRUE(MoeCloseF32(dc.RunF32(true), ref, {in.num_tokens, s.hidden}));
+}
+
+TEST(CudaMoeSmall, NanInputPoisonsOnlyItsToken) {
+  MXMOE_REQUIRE_SM90();
+  const LayerShape s{8, 128, 64, 2};
+  ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 61);
+  auto moe = MakeCudaMoe(set);
+  ASSERT_TRUE(moe);
+  SyntheticInput in = Input(s, 6, RoutingPattern::kUniform, 62);
+  in.x_bf16[2 * s.hidden + 5] = 0x7FC0;  // NaN in token 2
+  const auto ref = CpuF32(set, in, false);
+  DeviceCase dc(*moe, in);
+  const auto got = dc.RunF32();
+  for (int64_t n = 0; n < s.hidden; ++n) EXPECT_TRUE(std::isnan(got[2 * s.hidden + n])) << n;
+  EXPECT_TRUE(AllClose(got, ref, MoeTolF32(ref), {in.num_tokens, s.hidden}));  // NaN matches NaN
+}
+
+// ---- model shapes against the CPU backend -------------------------------------------------------
+TEST(CudaMoeModels, KimiK3ShapeMatchesCpu) {
+  MXMOE_REQUIRE_SM90();
+  LayerShape s = kKimiK3Shape;
+  s.num_experts = 32;  // fewer experts keep the CPU side quick; the shape of each is Kimi-K3's
+  ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 71);
+  auto moe = MakeCudaMoe(set);
+  ASSERT_TRUE(moe);
+  for (int64_t t : {1, 8, 32}) {
+    SCOPED_TRACE("T=" + std::to_string(t));
+    const SyntheticInput in = Input(s, t, RoutingPattern::kUniform, 72 + t);
+    DeviceCase dc(*moe, in);
+    const std::vector<int64_t> dims{t, s.hidden};
+    EXPECT_TRUE(MoeCloseBf16(dc.RunBf16(), CpuBf16(set, in, true), dims));
+    const auto ref = CpuF32(set, in, true);
+    EXPECT_TRUE(MoeCloseF32(dc.RunF32(), ref, dims));
+    EXPECT_TRUE(MoeCloseF32(dc.RunF32(true), ref, dims));
+  }
+}
+
+TEST(CudaMoeModels, GptOssShapeMatchesCpuAndReference) {
+  MXMOE_REQUIRE_SM90();
+  const LayerShape s{128, 2880, 2880, 4};
+  ExpertSet set = SyntheticSet(s, Act(ActivationType::SwigluBias), 81, {}, /*with_bias=*/true);
+  auto moe = MakeCudaMoe(set);
+  ASSERT_TRUE(moe);
+  {
+    const SyntheticInput in = Input(s, 33, RoutingPattern::kUniform, 82);
+    DeviceCase dc(*moe, in);
+    EXPECT_TRUE(MoeCloseF32(dc.RunF32(), CpuF32(set, in, true), {33, s.hidden}));
+  }
+  for (int64_t t : {128, 1024}) {
+    SCOPED_TRACE("T=" + std::to_string(t));
+    const SyntheticInput in = Input(s, t, RoutingPattern::kHeavyHitters, 83 + t);
+    DeviceCase dc(*moe, in);
+    EXPECT_TRUE(MoeCloseF32(dc.RunF32(), dc.RunF32(true), {t, s.hidden}));
+  }
+}
+
+TEST(CudaMoeModels, DeepSeekShapeMatchesCpuAndReference) {
+  MXMOE_REQUIRE_SM90();
+  const LayerShape s{256, 7168, 2048, 8};
+  ExpertSet set = SyntheticSet(s, Act(ActivationType::Swiglu), 91);
+  auto moe = MakeCudaMoe(set);
+  ASSERT_TRUE(moe);
+  {
+    const SyntheticInput in = Input(s, 32, RoutingPattern::kUniform, 92);
+    DeviceCase dc(*moe, in);
+    EXPECT_TRUE(MoeCloseBf16(dc.RunBf16(), CpuBf16(set, in, true), {32, s.hidden}));
+  }
+  const SyntheticInput in = Input(s, 1024, RoutingPattern::kUniform, 93);
+  DeviceCase dc(*moe, in);
+  EXPECT_TRUE(MoeCloseF32(dc.RunF32(), dc.RunF32(true), {1024, s.hidden}));
+}
+
+// ---- large token counts and routing patterns against the GPU reference -------------------------
+TEST(CudaMoeLarge, KimiK3ShapeMatchesGpuReference) {
+  MXMOE_REQUIRE_SM90();
+  LayerShape s = kKimiK3Shape;
+  s.num_experts = 64;
+  ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 101);
+  auto moe = MakeCudaMoe(set);
+  ASSERT_TRUE(moe);
+  for (int64_t t : {128, 1024}) {
+    SCOPED_TRACE("T=" + std::to_string(t));
+    const SyntheticInput in = Input(s, t, RoutingPattern::kUniform, 102 + t);
+    DeviceCase dc(*moe, in);
+    EXPECT_TRUE(MoeCloseF32(dc.RunF32(), dc.RunF32(true), {t, s.hidden}));
+  }
+}
+
+TEST(CudaMoeLarge, RoutingPatternsAndTokenCountsMatchGpuReference) {
+  MXMOE_REQUIRE_SM90();
+  const LayerShape s{64, 1024, 512, 8};
+  uint64_t seed = 110;
+  for (ActivationType kind : {ActivationType::Situ, ActivationType::GegluTanh}) {
+    ExpertSet set = SyntheticSet(s, SpecFor(kind, s.num_experts), ++seed);
+    auto moe = MakeCudaMoe(set);
+    ASSERT_TRUE(moe);
+    for (RoutingPattern pat : kPatterns)
+      for (int64_t t : {128, 1024, 4096}) {
+        SCOPED_TRACE(std::string(ActivationName(kind)) + " " + RoutingPatternName(pat) + " T=" + std::to_string(t));
+        const SyntheticInput in = Input(s, t, pat, ++seed);
+        DeviceCase dc(*moe, in);
+        EXPECT_TRUE(MoeCloseF32(dc.RunF32(), dc.RunF32(true), {t, s.hidden}));
+        const auto ref16 = dc.RunBf16(true);
+        EXPECT_TRUE(MoeCloseBf16(dc.RunBf16(), ref16, {t, s.hidden}));
+      }
+  }
+}
+
+// ---- parallel slices ----------------------------------------------------------------------------
+std::vector<float> RunSlice(const LayerShape& s, const ActivationSpec& act, uint64_t seed,
+                            const ParallelSlice& slice, const SyntheticInput& in) {
+  ExpertSet set = SyntheticSet(s, act, seed, slice);
+  auto moe = MakeCudaMoe(set);
+  if (!moe) return {};
+  DeviceCase dc(*moe, in);
+  return dc.RunF32();
+}
+
+TEST(CudaMoeSlices, ExpertAndTensorParallelSumToTheFullLayer) {
+  MXMOE_REQUIRE_SM90();
+  const LayerShape s{64, 512, 256, 6};
+  const ActivationSpec act = SpecFor(ActivationType::Situ, s.num_experts);
+  const uint64_t seed = 121;
+  const SyntheticInput in = Input(s, 200, RoutingPattern::kHeavyHitters, 122);
+  const auto full = RunSlice(s, act, seed, {}, in);
+  ASSERT_FALSE(full.empty());
+  for (int ep : {2, 4, 8}) {
+    std::vector<float> sum(full.size(), 0.0f);
+    for (int r = 0; r < ep; ++r) {
+      ParallelSlice slice;
+      slice.ep_size = ep;
+      slice.ep_rank = r;
+      const auto part = RunSlice(s, act, seed, slice, in);
+      ASSERT_EQ(part.size(), full.size());
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
+    }
+    EXPECT_TRUE(AllClose(sum, full, SliceTol(full), {in.num_tokens, s.hidden})) << "EP " << ep;
+  }
+  for (int tp : {2, 4}) {
+    std::vector<float> sum(full.size(), 0.0f);
+    for (int r = 0; r < tp; ++r) {
+      ParallelSlice slice;
+      slice.tp_size = tp;
+      slice.tp_rank = r;
+      const auto part = RunSlice(s, act, seed, slice, in);
+      ASSERT_EQ(part.size(), full.size());
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
+    }
+    EXPECT_TRUE(AllClose(sum, full, SliceTol(full), {in.num_tokens, s.hidden})) << "TP " << tp;
+  }
+  // One slice against the CPU reference of the same slice.
+  ParallelSlice both;
+  both.tp_size = 2;
+  both.tp_rank = 1;
+  both.ep_size = 4;
+  both.ep_rank = 2;
+  ExpertSet set = SyntheticSet(s, act, seed, both);
+  EXPECT_TRUE(MoeCloseF32(RunSlice(s, act, seed, both, in), CpuF32(set, in, true), {in.num_tokens, s.hidden}));
+}
+
+// ---- determinism and graphs ---------------------------------------------------------------------
+TEST(CudaMoeDeterminism, RunsAreBitwiseEqual) {
+  MXMOE_REQUIRE_SM90();
+  const LayerShape s{64, 1024, 512, 8};
+  ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 131);
+  auto moe = MakeCudaMoe(set);
+  ASSERT_TRUE(moe);
+  for (int64_t t : {3, 1024}) {
+    const SyntheticInput in = Input(s, t, RoutingPattern::kHeavyHitters, 132 + t);
+    DeviceCase dc(*moe, in);
+    const auto a = dc.RunF32(), b = dc.RunF32();
+    EXPECT_TRUE(BitwiseEqual(a, b, {t, s.hidden}));
+    const auto c = dc.RunBf16(), d = dc.RunBf16();
+    EXPECT_TRUE(BitwiseEqualBf16(c, d, {t, s.hidden}));
+  }
+}
+
+TEST(CudaMoeGraph, CapturedReplayWithNewInputsEqualsEager) {
+  MXMOE_REQUIRE_SM90();
+  const LayerShape s{64, 1024, 512, 8};
+  ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 141);
+  auto moe = MakeCudaMoe(set);
+  ASSERT_TRUE(moe);
+  for (int64_t t : {8, 512}) {
+    const SyntheticInput first = Input(s, t, RoutingPattern::kUniform, 142 + t);
+    const SyntheticInput second = Input(s, t, RoutingPattern::kHeavyHitters, 143 + t);
+    DeviceCase dc(*moe, first);
+    cudaStream_t stream;
+    MXMOE_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    MXMOE_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    const Status st = dc.Launch(OutputDType::kBF16, false, stream);
+    MXMOE_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    cudaGraphExec_t exec;
+    MXMOE_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    // Replay on the second input, copied into the captured buffers.
+    dc.Upload(second);
+    dc.Poison(stream);
+    MXMOE_CUDA_OK(cudaGraphLaunch(exec, stream));
+    MXMOE_CUDA_OK(cudaStreamSynchronize(stream));
+    const auto replayed = dc.Fetch<uint16_t>();
+    EXPECT_TRUE(AllWritten(replayed, {t, s.hidden}));
+    const auto eager = dc.RunBf16();
+    EXPECT_TRUE(BitwiseEqualBf16(replayed, eager, {t, s.hidden}));
+    EXPECT_TRUE(MoeCloseBf16(eager, dc.RunBf16(true), {t, s.hidden}));
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
+}
+
+}  // namespace
+}  // namespace mxmoe::test

@@ -1,0 +1,89 @@
+// The GPU suite's tolerances, defined once (STYLE habit 7), from how the backends differ.
+//
+// The fused kernels, the GPU reference and the CPU reference form the same exact products
+// (e4m3 * 2^s times e2m1 * 2^s is exact in fp32 and in the bf16 MMA). They differ only in
+//   (a) summation: fp32 in MMA order, fp32 in index order, or exact (double): g and u differ by
+//       about sqrt(K) * 2^-24 ~ 4e-6 of their size;
+//   (b) a few ulp of expf / tanhf / erff between CUDA and glibc;
+//   (c) the MXFP8 re-quantization of the intermediate: when a_i sits within that 4e-6 of an e4m3
+//       rounding boundary the two sides round it one e4m3 step apart (2^-3 of a_i). That happens
+//       to ~1e-4 of the intermediates: a Kimi-K3 token (k * I = 49152 of them) sees a few, and
+//       each moves out[t, n] by w_j * step(a_i) * W2[n, i], ~5e-4 of the output's RMS, ~8 times
+//       that for the largest a_i and W2[n, i];
+//   (d) bf16 outputs: each side rounds to bf16 once; values that straddle a rounding boundary
+//       come out one bf16 ulp (2^-7 relative) apart.
+// Hence |got - ref| <= RMS(ref) / 64 + rel * |ref|, with rel one bf16 ulp for bf16 outputs and
+// 2^-12 (far above (a), far below a flip) for fp32; and the normwise error stays small (flips
+// are rare): ||got - ref|| / ||ref|| <= 4e-3.
+// Results that differ only in fp32 association (parallel slices summed, no re-quantization
+// difference) get kTolSliceRel.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "common/compare.h"
+#include "mxmoe/formats.h"
+
+namespace mxmoe::test {
+
+inline constexpr double kMoeAbsOfRms = 1.0 / 64;
+inline constexpr double kMoeRelBf16 = 1.0 / 128;
+inline constexpr double kMoeRelF32 = 1.0 / 4096;
+inline constexpr double kMoeNormwise = 4e-3;
+inline constexpr double kTolSliceRel = 1e-5;
+
+inline double Rms(const std::vector<float>& v) {
+  double s = 0.0;
+  size_t n = 0;
+  for (float f : v)
+    if (std::isfinite(f)) s += static_cast<double>(f) * f, ++n;
+  return n ? std::sqrt(s / static_cast<double>(n)) : 0.0;
+}
+inline std::vector<float> ToF32(const std::vector<uint16_t>& v) {
+  std::vector<float> f(v.size());
+  for (size_t i = 0; i < v.size(); ++i) f[i] = bf16_to_float(v[i]);
+  return f;
+}
+
+inline Tolerance MoeTolF32(const std::vector<float>& ref) {
+  return {kMoeAbsOfRms * Rms(ref), kMoeRelF32, "moe f32 (RMS/64 + 2^-12 |ref|)"};
+}
+inline Tolerance MoeTolBf16(const std::vector<uint16_t>& ref) {
+  return {kMoeAbsOfRms * Rms(ToF32(ref)), kMoeRelBf16, "moe bf16 (RMS/64 + 2^-7 |ref|)"};
+}
+inline Tolerance SliceTol(const std::vector<float>& ref) {
+  return {kTolSliceRel * Rms(ref), kTolSliceRel, "slices summed (1e-5 RMS + 1e-5 |ref|)"};
+}
+
+// Elementwise within tol and normwise within kMoeNormwise; prints the observed errors on success
+// too, so the logs show how much margin the tolerances leave.
+inline ::testing::AssertionResult MoeClose(const std::vector<float>& got, const std::vector<float>& ref,
+                                           const Tolerance& tol, const std::vector<int64_t>& dims) {
+  auto elementwise = AllClose(got, ref, tol, dims);
+  if (!elementwise) return elementwise;
+  double worst = 0.0, num = 0.0, den = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(ref[i])) continue;
+    const double d = std::fabs(static_cast<double>(got[i]) - ref[i]);
+    worst = std::max(worst, d / tol.Allowed(ref[i]));
+    num += d * d;
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  const double normwise = den > 0 ? std::sqrt(num / den) : (num > 0 ? HUGE_VAL : 0.0);
+  if (normwise > kMoeNormwise)
+    return ::testing::AssertionFailure() << "normwise relative error " << normwise << " > " << kMoeNormwise;
+  return ::testing::AssertionSuccess() << "max |diff|/allowed " << worst << ", normwise " << normwise;
+}
+inline ::testing::AssertionResult MoeCloseBf16(const std::vector<uint16_t>& got,
+                                               const std::vector<uint16_t>& ref,
+                                               const std::vector<int64_t>& dims) {
+  return MoeClose(ToF32(got), ToF32(ref), MoeTolBf16(ref), dims);
+}
+inline ::testing::AssertionResult MoeCloseF32(const std::vector<float>& got, const std::vector<float>& ref,
+                                              const std::vector<int64_t>& dims) {
+  return MoeClose(got, ref, MoeTolF32(ref), dims);
+}
+
+}  // namespace mxmoe::test
