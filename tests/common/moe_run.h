@@ -1,0 +1,78 @@
+// Running a MoE backend into poisoned outputs (STYLE habit 8): every helper fills the output with
+// 0xFF first, runs, and adds a failure if the call fails or leaves an element unwritten.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "common/compare.h"
+#include "mxmoe/moe.h"
+#include "mxmoe/synthetic.h"
+
+namespace mxmoe::test {
+
+inline MoeInput InputOf(const SyntheticInput& s) {
+  MoeInput in;
+  in.num_tokens = s.num_tokens;
+  in.x_bf16 = s.x_bf16.data();
+  in.topk_ids = s.topk_ids.data();
+  in.topk_weights = s.topk_weights.data();
+  return in;
+}
+
+// fn(experts, in, out) -> Status, e.g. ReferenceMoe or a lambda around CpuMoe.
+template <class Fn>
+std::vector<float> RunF32(Fn&& fn, const ExpertSet& experts, const MoeInput& in) {
+  std::vector<float> y(static_cast<size_t>(in.num_tokens * experts.shape.hidden));
+  Poison(&y);
+  MoeOutput out;
+  out.dtype = OutputDType::kF32;
+  out.data = y.data();
+  const Status st = fn(experts, in, out);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_TRUE(AllWritten(y, {in.num_tokens, experts.shape.hidden}));
+  return y;
+}
+
+template <class Fn>
+std::vector<uint16_t> RunBf16(Fn&& fn, const ExpertSet& experts, const MoeInput& in) {
+  std::vector<uint16_t> y(static_cast<size_t>(in.num_tokens * experts.shape.hidden));
+  Poison(&y);
+  MoeOutput out;
+  out.dtype = OutputDType::kBF16;
+  out.data = y.data();
+  const Status st = fn(experts, in, out);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_TRUE(AllWritten(y, {in.num_tokens, experts.shape.hidden}));
+  return y;
+}
+
+inline std::vector<float> ReferenceF32(const ExpertSet& experts, const MoeInput& in) {
+  return RunF32(ReferenceMoe, experts, in);
+}
+inline std::vector<uint16_t> ReferenceBf16(const ExpertSet& experts, const MoeInput& in) {
+  return RunBf16(ReferenceMoe, experts, in);
+}
+
+// A synthetic expert set; adds a failure if it cannot be made.
+inline ExpertSet SyntheticSet(const LayerShape& shape, const ActivationSpec& act, uint64_t seed,
+                              const ParallelSlice& slice = {}, bool with_bias = false) {
+  SyntheticOptions opt;
+  opt.seed = seed;
+  opt.with_bias = with_bias;
+  opt.num_threads = 1;
+  ExpertSet set;
+  const Status st = MakeSyntheticExperts(shape, act, slice, opt, &set);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return set;
+}
+
+inline ActivationSpec Act(ActivationType t) {
+  ActivationSpec a;
+  a.type = t;
+  return a;
+}
+
+}  // namespace mxmoe::test
