@@ -191,7 +191,8 @@ TEST(ActivationMath, SituKimiK3Parameters) {
 }
 
 TEST(ActivationMath, SituOtherBetas) {
-  for (auto [b, l] : std::vector<std::pair<float, float>>{{1, 1}, {2, 10}, {8, 50}, {0.5f, 3}, {25, 4}}) {
+  for (const auto& bl : std::vector<std::pair<float, float>>{{1, 1}, {2, 10}, {8, 50}, {0.5f, 3}, {25, 4}}) {
+    const float b = bl.first, l = bl.second;  // named copies: lambdas below capture them
     CheckAgainstDouble([b, l](float g, float u) { return act_situ(g, u, b, l); },
                        [b, l](double g, double u) { return SituD(g, u, b, l); },
                        ("situ(" + std::to_string(b) + ", " + std::to_string(l) + ")").c_str());
@@ -234,7 +235,8 @@ TEST(ActivationMath, Swiglu) {
 TEST(ActivationMath, SwigluBiasFormulaAndClamps) {
   EXPECT_EQ(kSwigluBiasDefaultAlpha, 1.702f);
   EXPECT_EQ(kSwigluBiasDefaultLimit, 7.0f);
-  for (auto [alpha, limit] : std::vector<std::pair<float, float>>{{1.702f, 7.0f}, {1.0f, 3.0f}, {2.5f, 10.0f}}) {
+  for (const auto& al : std::vector<std::pair<float, float>>{{1.702f, 7.0f}, {1.0f, 3.0f}, {2.5f, 10.0f}}) {
+    const float alpha = al.first, limit = al.second;  // named copies: lambdas below capture them
     CheckAgainstDouble([=](float g, float u) { return act_swiglu_bias(g, u, alpha, limit); },
                        [=](double g, double u) { return SwigluBiasD(g, u, alpha, limit); },
                        "swiglu_bias");
