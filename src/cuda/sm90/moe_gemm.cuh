@@ -149,25 +149,42 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
 
   // One 64-wide step: the block's `groups` A tiles and scales (contiguous in the layout) and the
   // BLOCK_N gathered B rows; columns past k_valid and rows past the segment are zero-filled.
+  // Every thread copies the same 16-byte pieces at every step, so their sources are fixed here.
+  constexpr int kAUnits = Cfg::kSmemA / 16, kSUnits = Cfg::kSmemScales / 16, kBUnits = Cfg::kBlockN * 8;
+  constexpr int kAIters = kAUnits / Cfg::kThreads;
+  constexpr int kBIters = (kBUnits + Cfg::kThreads - 1) / Cfg::kThreads;
+  static_assert(kAUnits % Cfg::kThreads == 0 && kSUnits <= Cfg::kThreads, "copy split");
+  const uint16_t* b_src[kBIters];
+  int b_dst[kBIters], b_col[kBIters];
+#pragma unroll
+  for (int i = 0; i < kBIters; ++i) {
+    const int u = tid + i * Cfg::kThreads;
+    const int n = u >> 3, unit = u & 7;
+    const int row = u < kBUnits ? smem_rows[n] : -1;
+    b_src[i] = row >= 0 ? p.b + static_cast<int64_t>(row) * p.b_stride + unit * 8 : nullptr;
+    b_col[i] = unit * 8;
+    // NOTE: ldmatrix reads 8 rows of one 16-byte column; rows are 128 bytes apart, so without
+    // the XOR swizzle all 8 would hit the same 4 banks.
+    b_dst[i] = n * 128 + ((unit ^ (n & 7)) << 4);
+  }
   auto load_stage = [&](int stage, int kt) {
     uint8_t* smem_a = smem + stage * Cfg::kSmemStage;
     uint8_t* smem_s = smem_a + Cfg::kSmemA;
     uint8_t* smem_b = smem_s + Cfg::kSmemScales;
     const uint8_t* src_a = gmem_a + static_cast<int64_t>(kt) * groups * kTileBytes;
     const uint8_t* src_s = gmem_s + static_cast<int64_t>(kt) * groups * kTileScaleBytes;
-    for (int u = tid; u < groups * (kTileBytes / 16); u += Cfg::kThreads)
-      ptx::CpAsync16(smem_a + u * 16, src_a + u * 16);
-    for (int u = tid; u < groups * (kTileScaleBytes / 16); u += Cfg::kThreads)
-      ptx::CpAsync16(smem_s + u * 16, src_s + u * 16);
-    for (int u = tid; u < Cfg::kBlockN * 8; u += Cfg::kThreads) {
-      const int n = u >> 3, unit = u & 7;
-      const int row = smem_rows[n];
-      const int col = kt * Cfg::kBlockK + unit * 8;
-      const bool ok = row >= 0 && col < k_valid;
-      const uint16_t* src = ok ? p.b + static_cast<int64_t>(row) * p.b_stride + col : p.b;
-      // NOTE: ldmatrix reads 8 rows of one 16-byte column; rows are 128 bytes apart, so without
-      // the XOR swizzle all 8 would hit the same 4 banks.
-      ptx::CpAsync16(smem_b + n * 128 + ((unit ^ (n & 7)) << 4), src, ok ? 16u : 0u);
+#pragma unroll
+    for (int i = 0; i < kAIters; ++i) {
+      const int u = tid + i * Cfg::kThreads;
+      if (u < groups * (kTileBytes / 16)) ptx::CpAsync16(smem_a + u * 16, src_a + u * 16);
+    }
+    if (tid < groups * (kTileScaleBytes / 16)) ptx::CpAsync16(smem_s + tid * 16, src_s + tid * 16);
+    const int col0 = kt * Cfg::kBlockK;
+#pragma unroll
+    for (int i = 0; i < kBIters; ++i) {
+      if (kBUnits % Cfg::kThreads != 0 && tid + i * Cfg::kThreads >= kBUnits) continue;
+      const bool ok = b_src[i] != nullptr && col0 + b_col[i] < k_valid;
+      ptx::CpAsync16(smem_b + b_dst[i], ok ? b_src[i] + col0 : p.b, ok ? 16u : 0u);
     }
   };
 
