@@ -29,6 +29,7 @@ run: build
 
 test: build
 	ctest --test-dir $(BUILD_DIR) -L cpu --output-on-failure -j $(JOBS)
+	@$(MAKE) --no-print-directory test-python
 
 # On the GPU machine: configure, build for sm_90a, run the GPU suite. No installs.
 test-gpu:
@@ -38,3 +39,12 @@ test-gpu:
 
 clean:
 	rm -rf $(BUILD_DIR) $(GPU_BUILD_DIR)
+
+# The Python package (python/, CPU backend; MXMOE_PYTHON_CUDA=1 builds the CUDA one) and its pytest
+# suite. No build isolation and no dependency resolution: it builds with the nanobind and
+# scikit-build-core that `make deps` installed (or the image has), fetching nothing. The build tree
+# python/_skbuild/ is kept, so a second run recompiles only what changed.
+PYTHON ?= python3
+test-python:
+	PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 $(PYTHON) -m pip install -q --no-build-isolation --no-deps ./python
+	cd tests/python && $(PYTHON) -m pytest -q .

@@ -1,0 +1,83 @@
+"""torch tensors through DLPack (skipped where torch is not installed: CI does not install it)."""
+
+import numpy as np
+import pytest
+
+import mxmoe
+from conftest import E, K, TOPK, make_input
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def experts(situ_weights):
+    return mxmoe.prepare_experts(**situ_weights, top_k=TOPK)
+
+
+def test_bf16_in_and_out(experts):
+    x, ids, tw = make_input(num_tokens=9)
+    want = mxmoe.fused_moe(x, ids, tw, experts)
+    xt = torch.from_numpy(x.astype(np.int16)).view(torch.bfloat16)
+    got = mxmoe.fused_moe(xt, torch.from_numpy(ids), torch.from_numpy(tw), experts)
+    assert got.dtype == torch.bfloat16 and got.device.type == "cpu" and tuple(got.shape) == (9, K)
+    np.testing.assert_array_equal(got.view(torch.int16).numpy().view(np.uint16), want)
+    out = torch.full((9, K), float("nan"), dtype=torch.float32)
+    assert mxmoe.fused_moe(xt, torch.from_numpy(ids), torch.from_numpy(tw), experts, out=out) is out
+    np.testing.assert_array_equal(out.numpy(), mxmoe.fused_moe(x, ids, tw, experts, out_dtype="float32"))
+    f32 = mxmoe.reference_moe(xt, torch.from_numpy(ids), torch.from_numpy(tw), experts, out_dtype=torch.float32)
+    assert f32.dtype == torch.float32
+
+
+def test_float8_pair(experts):
+    rng = np.random.default_rng(1)
+    codes = rng.integers(0, 0x7E, size=(4, K), dtype=np.uint8)
+    scales = rng.integers(120, 130, size=(4, K // 32), dtype=np.uint8)
+    _, ids, tw = make_input(num_tokens=4)
+    want = mxmoe.fused_moe((codes, scales), ids, tw, experts)
+    pair = (torch.from_numpy(codes).view(torch.float8_e4m3fn), torch.from_numpy(scales))
+    got = mxmoe.fused_moe(pair, torch.from_numpy(ids), torch.from_numpy(tw), experts)
+    np.testing.assert_array_equal(got.view(torch.int16).numpy().view(np.uint16), want)
+
+
+def test_torch_weights(situ_weights):
+    x, ids, tw = make_input(num_tokens=5)
+    want = mxmoe.fused_moe(x, ids, tw, mxmoe.prepare_experts(**situ_weights))
+    as_torch = {k: torch.from_numpy(v) for k, v in situ_weights.items()}
+    np.testing.assert_array_equal(mxmoe.fused_moe(x, ids, tw, mxmoe.prepare_experts(**as_torch)), want)
+    per_expert = {k: [torch.nn.Parameter(v[e], requires_grad=False) for e in range(E)] for k, v in as_torch.items()}
+    np.testing.assert_array_equal(mxmoe.fused_moe(x, ids, tw, mxmoe.prepare_experts(**per_expert)), want)
+    betas = torch.full((E,), 4.0, requires_grad=True)
+    np.testing.assert_array_equal(mxmoe.fused_moe(x, ids, tw, mxmoe.prepare_experts(**as_torch, beta=betas)), want)
+
+
+def test_torch_errors(experts):
+    x, ids, tw = make_input(num_tokens=5)
+    xt = torch.from_numpy(x.astype(np.int16)).view(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"^topk_ids: expected dtype int32"):
+        mxmoe.fused_moe(xt, torch.from_numpy(ids).long(), torch.from_numpy(tw), experts)
+    with pytest.raises(ValueError, match=r"^x: must be C-contiguous"):
+        mxmoe.fused_moe(xt.t().contiguous().t(), torch.from_numpy(ids), torch.from_numpy(tw), experts)
+    with pytest.raises(ValueError, match=r"^topk_weights: expected dtype float32"):
+        mxmoe.fused_moe(xt, torch.from_numpy(ids), torch.from_numpy(tw).double(), experts)
+
+
+def test_router_torch():
+    logits = torch.randn(6, 32)
+    bias = torch.zeros(32)
+    ids, w = mxmoe.kimi_k3_router(logits, bias, top_k=4)
+    assert ids.dtype == torch.int32 and w.dtype == torch.float32
+    want_ids, want_w = mxmoe.kimi_k3_router(logits.numpy(), bias.numpy(), top_k=4)
+    np.testing.assert_array_equal(ids.numpy(), want_ids)
+    np.testing.assert_array_equal(w.numpy(), want_w)
+
+
+@pytest.mark.skipif(not (mxmoe.cuda_built() and torch.cuda.is_available()), reason="needs the CUDA backend and a GPU")
+def test_cuda_matches_reference(situ_weights):
+    experts = mxmoe.prepare_experts(**situ_weights, top_k=TOPK, device="cuda")
+    x, ids, tw = make_input(num_tokens=9)
+    want = mxmoe.fused_moe(x, ids, tw, mxmoe.prepare_experts(**situ_weights, top_k=TOPK), out_dtype="float32")
+    dev = lambda a: torch.from_numpy(a).cuda()
+    xt = dev(x.astype(np.int16)).view(torch.bfloat16)
+    got = mxmoe.fused_moe(xt, dev(ids), dev(tw), experts, out_dtype=torch.float32)
+    torch.cuda.synchronize()
+    np.testing.assert_allclose(got.cpu().numpy(), want, rtol=1e-2, atol=1e-2 * np.abs(want).max())
