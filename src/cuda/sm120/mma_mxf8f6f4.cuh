@@ -186,7 +186,9 @@ __device__ __forceinline__ void mma_mxf8f6f4_m16n8k32_model(FragC& d, const Frag
                                                             const FragS& sfb, int byte_id_b,
                                                             int thread_id_b) {
   constexpr unsigned kFull = 0xFFFFFFFFu;
-  const int lane = static_cast<int>(threadIdx.x % 32u);
+  uint32_t lane_id;
+  asm("mov.u32 %0, %%laneid;\n" : "=r"(lane_id));  // any block shape, not only threadIdx.x
+  const int lane = static_cast<int>(lane_id);
   const int g = lane / 4, t = lane % 4;
   byte_id_a &= 3;
   thread_id_a &= 1;
