@@ -213,3 +213,21 @@ def test_bf16_helpers():
     # Ties to even: 1 + 2^-8 rounds down to 1, 1 + 3*2^-8 up to 1 + 2^-6.
     np.testing.assert_array_equal(mxmoe.bf16_to_float32(bits), [1.0, -2.5, 3.140625, np.inf, -0.0, 1.0, 1.015625])
     assert np.isnan(mxmoe.bf16_to_float32(mxmoe.float32_to_bf16(np.array([np.nan], np.float32))))[0]
+
+
+def test_per_expert_parameters_follow_the_ep_slice(situ_weights):
+    betas = np.linspace(1.0, 8.0, E).astype(np.float32)
+    lin = np.linspace(10.0, 40.0, E).astype(np.float32)
+    x, ids, tw = make_input(num_tokens=10, seed=2)
+    full = mxmoe.fused_moe(x, ids, tw, prepare(situ_weights, beta=betas, linear_beta=lin), out_dtype="float32")
+    total = np.zeros_like(full)
+    for r in range(2):
+        rank = prepare(situ_weights, beta=betas, linear_beta=lin, ep_size=2, ep_rank=r)
+        synth = mxmoe.synthetic_experts(E, K, I, TOPK, seed=7, beta=betas, linear_beta=lin, ep_size=2, ep_rank=r)
+        for i in range(E // 2):
+            assert rank.expert_params(i)["beta"] == pytest.approx(betas[r * E // 2 + i])
+            assert synth.expert_params(i)["linear_beta"] == pytest.approx(lin[r * E // 2 + i])
+        part = mxmoe.fused_moe(x, ids, tw, rank, out_dtype="float32")
+        np.testing.assert_array_equal(part, mxmoe.fused_moe(x, ids, tw, synth, out_dtype="float32"))
+        total += part
+    np.testing.assert_allclose(total, full, rtol=1e-5, atol=1e-5 * np.abs(full).max())
