@@ -7,7 +7,7 @@ CMAKE_FLAGS ?=
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 ARGS ?=
 
-.PHONY: all deps configure build run test test-cpu test-python test-gpu bench clean
+.PHONY: all deps configure build run test test-cpu test-python test-sanitize test-gpu bench clean
 
 all: build
 
@@ -30,6 +30,7 @@ run: build
 test: build
 	ctest --test-dir $(BUILD_DIR) -L cpu --output-on-failure -j $(JOBS)
 	@$(MAKE) --no-print-directory test-python
+	@$(MAKE) --no-print-directory test-sanitize
 
 # On the GPU machine: configure, build for sm_90a, run the GPU suite. No installs.
 test-gpu:
@@ -38,7 +39,7 @@ test-gpu:
 	ctest --test-dir $(GPU_BUILD_DIR) -L gpu --output-on-failure
 
 clean:
-	rm -rf $(BUILD_DIR) $(GPU_BUILD_DIR)
+	rm -rf $(BUILD_DIR) $(GPU_BUILD_DIR) build-asan
 
 # The Python package (python/, CPU backend; MXMOE_PYTHON_CUDA=1 builds the CUDA one) and its pytest
 # suite. No build isolation and no dependency resolution: it builds with the nanobind and
@@ -48,3 +49,9 @@ PYTHON ?= python3
 test-python:
 	PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 $(PYTHON) -m pip install -q --no-build-isolation --no-deps ./python
 	cd tests/python && $(PYTHON) -m pytest -q .
+
+# The CPU suite under AddressSanitizer + UndefinedBehaviorSanitizer (clang), then every libFuzzer
+# target for FUZZ_SECONDS on its corpus (fuzz/corpus/). Run by `make test`.
+FUZZ_SECONDS ?= 60
+test-sanitize: deps
+	JOBS=$(JOBS) bash scripts/fuzz.sh $(FUZZ_SECONDS)

@@ -10,6 +10,9 @@ have g++ || need_apt+=(g++)
 have ninja || need_apt+=(ninja-build)
 have python3 || need_apt+=(python3)
 [ -f /usr/include/gtest/gtest.h ] || [ -f /usr/src/googletest/CMakeLists.txt ] || need_apt+=(libgtest-dev)
+# clang with its sanitizer and libFuzzer runtimes, for `make test-sanitize`.
+have clang++ || need_apt+=(clang)
+ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || need_apt+=(libclang-rt-dev)
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "install-deps: apt-get install ${need_apt[*]}"
