@@ -46,8 +46,9 @@ clean:
 # scikit-build-core that `make deps` installed (or the image has), fetching nothing. The build tree
 # python/_skbuild/ is kept, so a second run recompiles only what changed.
 PYTHON ?= python3
+# On the GPU machine: MXMOE_PYTHON_CUDA=1 MXMOE_CUDA_ARCHS=90a make test-python (its own build tree).
 test-python:
-	PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 $(PYTHON) -m pip install -q --no-build-isolation --no-deps ./python
+	PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 $(PYTHON) -m pip install -q --no-build-isolation --no-deps $(if $(MXMOE_PYTHON_CUDA),-C build-dir=_skbuild/cuda) ./python
 	cd tests/python && $(PYTHON) -m pytest -q .
 
 # The CPU suite under AddressSanitizer + UndefinedBehaviorSanitizer (clang), then every libFuzzer
