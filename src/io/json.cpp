@@ -540,6 +540,12 @@ Status WriteValue(const JsonValue& v, int indent, int level, const std::string& 
         const double d = v.AsDouble();
         if (!std::isfinite(d)) return Status::Invalid("cannot write " + std::to_string(d) + " as JSON at " + path);
         r = std::to_chars(buf, buf + sizeof(buf), d);  // shortest form that reads back exactly
+        // A double beyond 2^53 may print as a bare integer ("26122248226122482"), which would read
+        // back as an exact int64: keep it a double literal. (Found by fuzz_json.)
+        if (std::string_view(buf, r.ptr - buf).find_first_of(".eE") == std::string_view::npos) {
+          *r.ptr++ = '.';
+          *r.ptr++ = '0';
+        }
       }
       out->append(buf, r.ptr);
       break;
