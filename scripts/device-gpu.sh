@@ -2,7 +2,7 @@
 # On the GPU machine (no installs there): configure for sm_90a, build the GPU suite and the
 # benchmark, check registers/SASS, run the GPU tests, a compute-sanitizer pass on a small case,
 # and the benchmark. Full logs go to $OUT (or ./device-out); a short table is printed last.
-#   scripts/device-gpu.sh [all|build|test|sanitize|bench] ...   (default: all)
+#   scripts/device-gpu.sh [all|build|test|sanitize|bench|profile|bench2] ...   (default: all)
 #   GTEST_FILTER=... narrows the suite; BENCH_ARGS="--tokens 1,8" narrows the benchmark.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +18,7 @@ secs() { date +%s; }
 
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /' | tee -a "$SUMMARY"
 
-if want build || want test || want sanitize || want bench; then
+if want build || want test || want sanitize || want bench || want profile || want bench2; then
   t0=$(secs)
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMXMOE_CUDA=ON -DMXMOE_CUDA_ARCHS=90a \
     -DCMAKE_CUDA_FLAGS="-Xptxas -v" >"$OUT/configure.log" 2>&1 || { note "configure FAILED"; tail -20 "$OUT/configure.log"; exit 1; }
@@ -60,6 +60,23 @@ if want bench; then
   timeout "${BENCH_TIMEOUT:-300}" "$BUILD/bin/mxmoe_bench_cuda" --csv "$OUT/bench.csv" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" >/dev/null
   note "bench: rc=$? in $(( $(secs) - t0 )) s"
   grep -E "^device|^layer|^ +T |^ +[0-9]+ |reproduce" "$OUT/bench.log" | tee -a "$SUMMARY" >/dev/null
+fi
+
+if want profile; then
+  # One FC1 launch of the prefill config under Nsight Compute (clocks left alone).
+  t0=$(secs)
+  timeout 120 ncu --clock-control none -k regex:MoeGemmKernel -c 1 --section SpeedOfLight --section WarpStateStats \
+    --section Occupancy --section ComputeWorkloadAnalysis "$BUILD/bin/mxmoe_bench_cuda" --experts 128 --tokens 4096 --repeats 1 \
+    >"$OUT/ncu.log" 2>&1
+  note "ncu: rc=$? in $(( $(secs) - t0 )) s"
+  grep -E "Compute \(SM\) Throughput|Memory Throughput|Duration|Achieved Occupancy|Theoretical Occupancy|Registers Per|Stall|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc A" "$OUT/ncu.log" | head -30 | tee -a "$SUMMARY" >/dev/null
+fi
+
+if want bench2; then
+  t0=$(secs)
+  MXMOE_GEMM_CONFIG=n32 timeout 120 "$BUILD/bin/mxmoe_bench_cuda" --tokens 4096,16384 2>&1 | tee "$OUT/bench_n32.log" >/dev/null
+  note "bench (forced n32): rc=$? in $(( $(secs) - t0 )) s"
+  grep -E "^ +[0-9]+ " "$OUT/bench_n32.log" | sed 's/^/n32: /' | tee -a "$SUMMARY" >/dev/null
 fi
 
 echo

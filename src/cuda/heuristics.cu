@@ -39,6 +39,12 @@ LaunchChoice ChooseLaunch(const LayerDims& dims, int64_t num_tokens, int64_t max
   if (c.pairs_per_expert <= 12.0) c.gemm = GemmConfigId::kN8;
   else if (c.pairs_per_expert <= 40.0) c.gemm = GemmConfigId::kN32;
   else c.gemm = GemmConfigId::kN64;
+  // MXMOE_GEMM_CONFIG=n8|n32|n64 forces a config (for measuring them against each other).
+  static const char* forced = std::getenv("MXMOE_GEMM_CONFIG");
+  if (forced != nullptr) {
+    for (int id = 0; id < kNumGemmConfigs; ++id)
+      if (std::strcmp(forced, GemmInfo(static_cast<GemmConfigId>(id)).name) == 0) c.gemm = static_cast<GemmConfigId>(id);
+  }
 
   if (DebugHeuristics()) {
     const GemmConfigInfo info = GemmInfo(c.gemm);

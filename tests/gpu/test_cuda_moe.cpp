@@ -166,9 +166,9 @@ TEST(CudaMoeSmall, AllKindsPatternsAndTokenCountsMatchReference) {
           const std::vector<int64_t> dims{t, s.hidden};
           const auto ref32 = CpuF32(set, in, false);
           const auto ref16 = CpuBf16(set, in, false);
-          EXPECT_TRUE(MoeCloseF32(dc.RunF32(), ref32, dims));
-          EXPECT_TRUE(MoeCloseBf16(dc.RunBf16(), ref16, dims));
-          EXPECT_TRUE(MoeCloseF32(dc.RunF32(/*reference=*/true), ref32, dims));
+          EXPECT_TRUE(MoeCloseF32(dc.RunF32(), ref32, dims, s.top_k * s.intermediate));
+          EXPECT_TRUE(MoeCloseBf16(dc.RunBf16(), ref16, dims, s.top_k * s.intermediate));
+          EXPECT_TRUE(MoeCloseF32(dc.RunF32(/*reference=*/true), ref32, dims, s.top_k * s.intermediate));
         }
       }
     }
@@ -196,8 +196,8 @@ TEST(CudaMoeSmall, PrequantizedInputMatchesReference) {
   const auto ref = ReferenceF32(set, host);
   DeviceCase dc(*moe, in);
   dc.UseFp8(codes, scales);
-  EXPECT_TRUE(MoeCloseF32(dc.RunF32(), ref, {in.num_tokens, s.hidden}));
-  EXPECT_TRUE(MoeCloseF32(dc.RunF32(true), ref, {in.num_tokens, s.hidden}));
+  EXPECT_TRUE(MoeCloseF32(dc.RunF32(), ref, {in.num_tokens, s.hidden}, s.top_k * s.intermediate));
+  EXPECT_TRUE(MoeCloseF32(dc.RunF32(true), ref, {in.num_tokens, s.hidden}, s.top_k * s.intermediate));
 }
 
 TEST(CudaMoeSmall, OutOfRangeIdsAreSkipped) {
@@ -215,8 +215,8 @@ TEST(CudaMoeSmall, OutOfRangeIdsAreSkipped) {
   }
   const auto ref = CpuF32(set, clean, false);
   DeviceCase dc(*moe, in);
-  EXPECT_TRUE(MoeCloseF32(dc.RunF32(), ref, {in.num_tokens, s.hidden}));
-  EXPECT_TRUE(MoeCloseF32(dc.RunF32(true), ref, {in.num_tokens, s.hidden}));
+  EXPECT_TRUE(MoeCloseF32(dc.RunF32(), ref, {in.num_tokens, s.hidden}, s.top_k * s.intermediate));
+  EXPECT_TRUE(MoeCloseF32(dc.RunF32(true), ref, {in.num_tokens, s.hidden}, s.top_k * s.intermediate));
 }
 
 TEST(CudaMoeSmall, NanInputPoisonsOnlyItsToken) {
@@ -231,7 +231,7 @@ TEST(CudaMoeSmall, NanInputPoisonsOnlyItsToken) {
   DeviceCase dc(*moe, in);
   const auto got = dc.RunF32();
   for (int64_t n = 0; n < s.hidden; ++n) EXPECT_TRUE(std::isnan(got[2 * s.hidden + n])) << n;
-  EXPECT_TRUE(AllClose(got, ref, MoeTolF32(ref), {in.num_tokens, s.hidden}));  // NaN matches NaN
+  EXPECT_TRUE(AllClose(got, ref, MoeTolF32(ref, s.top_k * s.intermediate), {in.num_tokens, s.hidden}));  // NaN matches NaN
 }
 
 // ---- model shapes against the CPU backend -------------------------------------------------------
@@ -247,10 +247,10 @@ TEST(CudaMoeModels, KimiK3ShapeMatchesCpu) {
     const SyntheticInput in = Input(s, t, RoutingPattern::kUniform, 72 + t);
     DeviceCase dc(*moe, in);
     const std::vector<int64_t> dims{t, s.hidden};
-    EXPECT_TRUE(MoeCloseBf16(dc.RunBf16(), CpuBf16(set, in, true), dims));
+    EXPECT_TRUE(MoeCloseBf16(dc.RunBf16(), CpuBf16(set, in, true), dims, s.top_k * s.intermediate));
     const auto ref = CpuF32(set, in, true);
-    EXPECT_TRUE(MoeCloseF32(dc.RunF32(), ref, dims));
-    EXPECT_TRUE(MoeCloseF32(dc.RunF32(true), ref, dims));
+    EXPECT_TRUE(MoeCloseF32(dc.RunF32(), ref, dims, s.top_k * s.intermediate));
+    EXPECT_TRUE(MoeCloseF32(dc.RunF32(true), ref, dims, s.top_k * s.intermediate));
   }
 }
 
@@ -263,13 +263,13 @@ TEST(CudaMoeModels, GptOssShapeMatchesCpuAndReference) {
   {
     const SyntheticInput in = Input(s, 33, RoutingPattern::kUniform, 82);
     DeviceCase dc(*moe, in);
-    EXPECT_TRUE(MoeCloseF32(dc.RunF32(), CpuF32(set, in, true), {33, s.hidden}));
+    EXPECT_TRUE(MoeCloseF32(dc.RunF32(), CpuF32(set, in, true), {33, s.hidden}, s.top_k * s.intermediate));
   }
   for (int64_t t : {128, 1024}) {
     SCOPED_TRACE("T=" + std::to_string(t));
     const SyntheticInput in = Input(s, t, RoutingPattern::kHeavyHitters, 83 + t);
     DeviceCase dc(*moe, in);
-    EXPECT_TRUE(MoeCloseF32(dc.RunF32(), dc.RunF32(true), {t, s.hidden}));
+    EXPECT_TRUE(MoeCloseF32(dc.RunF32(), dc.RunF32(true), {t, s.hidden}, s.top_k * s.intermediate));
   }
 }
 
@@ -282,11 +282,11 @@ TEST(CudaMoeModels, DeepSeekShapeMatchesCpuAndReference) {
   {
     const SyntheticInput in = Input(s, 32, RoutingPattern::kUniform, 92);
     DeviceCase dc(*moe, in);
-    EXPECT_TRUE(MoeCloseBf16(dc.RunBf16(), CpuBf16(set, in, true), {32, s.hidden}));
+    EXPECT_TRUE(MoeCloseBf16(dc.RunBf16(), CpuBf16(set, in, true), {32, s.hidden}, s.top_k * s.intermediate));
   }
   const SyntheticInput in = Input(s, 1024, RoutingPattern::kUniform, 93);
   DeviceCase dc(*moe, in);
-  EXPECT_TRUE(MoeCloseF32(dc.RunF32(), dc.RunF32(true), {1024, s.hidden}));
+  EXPECT_TRUE(MoeCloseF32(dc.RunF32(), dc.RunF32(true), {1024, s.hidden}, s.top_k * s.intermediate));
 }
 
 // ---- large token counts and routing patterns against the GPU reference -------------------------
@@ -301,7 +301,7 @@ TEST(CudaMoeLarge, KimiK3ShapeMatchesGpuReference) {
     SCOPED_TRACE("T=" + std::to_string(t));
     const SyntheticInput in = Input(s, t, RoutingPattern::kUniform, 102 + t);
     DeviceCase dc(*moe, in);
-    EXPECT_TRUE(MoeCloseF32(dc.RunF32(), dc.RunF32(true), {t, s.hidden}));
+    EXPECT_TRUE(MoeCloseF32(dc.RunF32(), dc.RunF32(true), {t, s.hidden}, s.top_k * s.intermediate));
   }
 }
 
@@ -318,9 +318,9 @@ TEST(CudaMoeLarge, RoutingPatternsAndTokenCountsMatchGpuReference) {
         SCOPED_TRACE(std::string(ActivationName(kind)) + " " + RoutingPatternName(pat) + " T=" + std::to_string(t));
         const SyntheticInput in = Input(s, t, pat, ++seed);
         DeviceCase dc(*moe, in);
-        EXPECT_TRUE(MoeCloseF32(dc.RunF32(), dc.RunF32(true), {t, s.hidden}));
+        EXPECT_TRUE(MoeCloseF32(dc.RunF32(), dc.RunF32(true), {t, s.hidden}, s.top_k * s.intermediate));
         const auto ref16 = dc.RunBf16(true);
-        EXPECT_TRUE(MoeCloseBf16(dc.RunBf16(), ref16, {t, s.hidden}));
+        EXPECT_TRUE(MoeCloseBf16(dc.RunBf16(), ref16, {t, s.hidden}, s.top_k * s.intermediate));
       }
   }
 }
@@ -374,7 +374,7 @@ TEST(CudaMoeSlices, ExpertAndTensorParallelSumToTheFullLayer) {
   both.ep_size = 4;
   both.ep_rank = 2;
   ExpertSet set = SyntheticSet(s, act, seed, both);
-  EXPECT_TRUE(MoeCloseF32(RunSlice(s, act, seed, both, in), CpuF32(set, in, true), {in.num_tokens, s.hidden}));
+  EXPECT_TRUE(MoeCloseF32(RunSlice(s, act, seed, both, in), CpuF32(set, in, true), {in.num_tokens, s.hidden}, s.top_k * s.intermediate / 2));
 }
 
 // ---- determinism and graphs ---------------------------------------------------------------------
@@ -423,7 +423,7 @@ TEST(CudaMoeGraph, CapturedReplayWithNewInputsEqualsEager) {
     EXPECT_TRUE(AllWritten(replayed, {t, s.hidden}));
     const auto eager = dc.RunBf16();
     EXPECT_TRUE(BitwiseEqualBf16(replayed, eager, {t, s.hidden}));
-    EXPECT_TRUE(MoeCloseBf16(eager, dc.RunBf16(true), {t, s.hidden}));
+    EXPECT_TRUE(MoeCloseBf16(eager, dc.RunBf16(true), {t, s.hidden}, s.top_k * s.intermediate));
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
     cudaStreamDestroy(stream);

@@ -31,7 +31,7 @@
 namespace mxmoe::cuda::sm90 {
 
 // ---- config -----------------------------------------------------------------------------------
-template <int kBlockN_, int kStages_>
+template <int kBlockN_, int kStages_, int kKSub_>
 struct GemmConfig {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = 32 * kWarps;
@@ -40,11 +40,15 @@ struct GemmConfig {
   static constexpr int kBlockM = kBlockGroups * kTileRows;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kNTiles = kBlockN / 8;  // 8-token MMA tiles
-  static constexpr int kBlockK = kTileCols;
+  static constexpr int kBlockK = kTileCols;  // one 64-wide step of 4 MMA k16 steps
+  static constexpr int kKSub = kKSub_;       // steps per pipeline stage (one barrier each)
   static constexpr int kStages = kStages_;
-  static constexpr int kSmemA = kBlockGroups * kTileBytes;
-  static constexpr int kSmemScales = kBlockGroups * kTileScaleBytes;
-  static constexpr int kSmemB = kBlockN * kBlockK * 2;  // bf16, 128 bytes per token row
+  static constexpr int kSubA = kBlockGroups * kTileBytes;
+  static constexpr int kSubScales = kBlockGroups * kTileScaleBytes;
+  static constexpr int kSubB = kBlockN * kBlockK * 2;  // bf16, 128 bytes per token row
+  static constexpr int kSmemA = kKSub * kSubA;
+  static constexpr int kSmemScales = kKSub * kSubScales;
+  static constexpr int kSmemB = kKSub * kSubB;
   static constexpr int kSmemStage = kSmemA + kSmemScales + kSmemB;
   static constexpr int kSmemBytes = kStages * kSmemStage;
 
@@ -53,6 +57,7 @@ struct GemmConfig {
   static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= 128, "whole 8-token MMA tiles");
   static_assert(kBlockK == 64, "one 16-byte A piece per lane covers 4 k16 steps");
   static_assert(kStages >= 2 && kStages <= 8, "cp.async pipeline depth");
+  static_assert(kKSub >= 1 && kKSub <= 4, "steps per stage");
   static_assert(kSmemStage % 128 == 0, "stages stay 128-byte aligned");
   static_assert(kSmemBytes <= 227 * 1024, "SM90 shared memory per block");
 };
@@ -97,11 +102,9 @@ __device__ __forceinline__ void ComputeHalfStep(const uint4 (&frag_a)[Cfg::kMFra
 }
 
 template <class Cfg>
-__device__ __forceinline__ void ComputeStage(const uint8_t* stage, int warp, int lane,
-                                             float (&acc)[Cfg::kMFrags][Cfg::kNTiles][4]) {
-  const uint8_t* smem_a = stage;
-  const uint8_t* smem_s = stage + Cfg::kSmemA;
-  const uint8_t* smem_b = smem_s + Cfg::kSmemScales;
+__device__ __forceinline__ void ComputeStep(const uint8_t* smem_a, const uint8_t* smem_s,
+                                            const uint8_t* smem_b, int warp, int lane,
+                                            float (&acc)[Cfg::kMFrags][Cfg::kNTiles][4]) {
   const int g = lane >> 2;
   uint4 frag_a[Cfg::kMFrags];
   uint32_t frag_s[Cfg::kMFrags];
@@ -150,7 +153,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
   // One 64-wide step: the block's `groups` A tiles and scales (contiguous in the layout) and the
   // BLOCK_N gathered B rows; columns past k_valid and rows past the segment are zero-filled.
   // Every thread copies the same 16-byte pieces at every step, so their sources are fixed here.
-  constexpr int kAUnits = Cfg::kSmemA / 16, kSUnits = Cfg::kSmemScales / 16, kBUnits = Cfg::kBlockN * 8;
+  constexpr int kAUnits = Cfg::kSubA / 16, kSUnits = Cfg::kSubScales / 16, kBUnits = Cfg::kBlockN * 8;
   constexpr int kAIters = kAUnits / Cfg::kThreads;
   constexpr int kBIters = (kBUnits + Cfg::kThreads - 1) / Cfg::kThreads;
   static_assert(kAUnits % Cfg::kThreads == 0 && kSUnits <= Cfg::kThreads, "copy split");
@@ -167,24 +170,30 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
     // the XOR swizzle all 8 would hit the same 4 banks.
     b_dst[i] = n * 128 + ((unit ^ (n & 7)) << 4);
   }
-  auto load_stage = [&](int stage, int kt) {
-    uint8_t* smem_a = smem + stage * Cfg::kSmemStage;
-    uint8_t* smem_s = smem_a + Cfg::kSmemA;
-    uint8_t* smem_b = smem_s + Cfg::kSmemScales;
-    const uint8_t* src_a = gmem_a + static_cast<int64_t>(kt) * groups * kTileBytes;
-    const uint8_t* src_s = gmem_s + static_cast<int64_t>(kt) * groups * kTileScaleBytes;
+  // Stage `chunk` holds steps chunk * kKSub .. + kKSub - 1 (those before k_tiles).
+  auto load_stage = [&](int stage, int chunk) {
 #pragma unroll
-    for (int i = 0; i < kAIters; ++i) {
-      const int u = tid + i * Cfg::kThreads;
-      if (u < groups * (kTileBytes / 16)) ptx::CpAsync16(smem_a + u * 16, src_a + u * 16);
-    }
-    if (tid < groups * (kTileScaleBytes / 16)) ptx::CpAsync16(smem_s + tid * 16, src_s + tid * 16);
-    const int col0 = kt * Cfg::kBlockK;
+    for (int j = 0; j < Cfg::kKSub; ++j) {
+      const int kt = chunk * Cfg::kKSub + j;
+      if (kt >= k_tiles) break;
+      uint8_t* smem_a = smem + stage * Cfg::kSmemStage + j * Cfg::kSubA;
+      uint8_t* smem_s = smem + stage * Cfg::kSmemStage + Cfg::kSmemA + j * Cfg::kSubScales;
+      uint8_t* smem_b = smem + stage * Cfg::kSmemStage + Cfg::kSmemA + Cfg::kSmemScales + j * Cfg::kSubB;
+      const uint8_t* src_a = gmem_a + static_cast<int64_t>(kt) * groups * kTileBytes;
+      const uint8_t* src_s = gmem_s + static_cast<int64_t>(kt) * groups * kTileScaleBytes;
 #pragma unroll
-    for (int i = 0; i < kBIters; ++i) {
-      if (kBUnits % Cfg::kThreads != 0 && tid + i * Cfg::kThreads >= kBUnits) continue;
-      const bool ok = b_src[i] != nullptr && col0 + b_col[i] < k_valid;
-      ptx::CpAsync16(smem_b + b_dst[i], ok ? b_src[i] + col0 : p.b, ok ? 16u : 0u);
+      for (int i = 0; i < kAIters; ++i) {
+        const int u = tid + i * Cfg::kThreads;
+        if (u < groups * (kTileBytes / 16)) ptx::CpAsync16(smem_a + u * 16, src_a + u * 16);
+      }
+      if (tid < groups * (kTileScaleBytes / 16)) ptx::CpAsync16(smem_s + tid * 16, src_s + tid * 16);
+      const int col0 = kt * Cfg::kBlockK;
+#pragma unroll
+      for (int i = 0; i < kBIters; ++i) {
+        if (kBUnits % Cfg::kThreads != 0 && tid + i * Cfg::kThreads >= kBUnits) continue;
+        const bool ok = b_src[i] != nullptr && col0 + b_col[i] < k_valid;
+        ptx::CpAsync16(smem_b + b_dst[i], ok ? b_src[i] + col0 : p.b, ok ? 16u : 0u);
+      }
     }
   };
 
@@ -199,18 +208,27 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
   // Rows are padded to 64 per warp, so a warp's 4 row tiles are all real or all padding.
   const bool warp_active = warp * Cfg::kMFrags < groups;
 
+  const int chunks = (k_tiles + Cfg::kKSub - 1) / Cfg::kKSub;
 #pragma unroll
   for (int s = 0; s < Cfg::kStages - 1; ++s) {
-    if (s < k_tiles) load_stage(s, s);
+    if (s < chunks) load_stage(s, s);
     ptx::CpAsyncCommit();
   }
-  for (int kt = 0; kt < k_tiles; ++kt) {
-    ptx::CpAsyncWait<Cfg::kStages - 2>();  // step kt has landed (one commit per step, empty ones too)
-    __syncthreads();                        // ... for every thread, and step kt-1's stage is free
-    const int next = kt + Cfg::kStages - 1;
-    if (next < k_tiles) load_stage(next % Cfg::kStages, next);
+  for (int chunk = 0; chunk < chunks; ++chunk) {
+    ptx::CpAsyncWait<Cfg::kStages - 2>();  // stage `chunk` has landed (one commit per stage, empty ones too)
+    __syncthreads();                        // ... for every thread, and stage chunk-1 is free
+    const int next = chunk + Cfg::kStages - 1;
+    if (next < chunks) load_stage(next % Cfg::kStages, next);
     ptx::CpAsyncCommit();
-    if (warp_active) ComputeStage<Cfg>(smem + (kt % Cfg::kStages) * Cfg::kSmemStage, warp, lane, acc);
+    if (warp_active) {
+      const uint8_t* stage = smem + (chunk % Cfg::kStages) * Cfg::kSmemStage;
+#pragma unroll
+      for (int j = 0; j < Cfg::kKSub; ++j) {
+        if (chunk * Cfg::kKSub + j >= k_tiles) break;
+        ComputeStep<Cfg>(stage + j * Cfg::kSubA, stage + Cfg::kSmemA + j * Cfg::kSubScales,
+                         stage + Cfg::kSmemA + Cfg::kSmemScales + j * Cfg::kSubB, warp, lane, acc);
+      }
+    }
   }
   ptx::CpAsyncWait<0>();
   if (!warp_active) return;
@@ -323,8 +341,8 @@ GemmConfigInfo InfoOf(const char* name) {
 }
 
 // The instantiations, one per translation unit (moe_gemm_n*.cu).
-using ConfigN8 = GemmConfig<8, 6>;    // decode: 1-8 tokens per expert, weights streamed from HBM
-using ConfigN32 = GemmConfig<32, 4>;  // tens of tokens per expert
-using ConfigN64 = GemmConfig<64, 4>;  // prefill
+using ConfigN8 = GemmConfig<8, 6, 1>;    // decode: 1-8 tokens per expert, weights streamed from HBM
+using ConfigN32 = GemmConfig<32, 4, 1>;  // tens of tokens per expert
+using ConfigN64 = GemmConfig<64, 3, 2>;  // prefill
 
 }  // namespace mxmoe::cuda::sm90

@@ -104,7 +104,7 @@ bool CheckRows(const CudaMoe& moe, const MoeInput& in, const std::vector<float>&
   std::vector<float> ref(n * k_dim);
   cudaMemcpy(ref.data(), out.ptr, ref.size() * 4, cudaMemcpyDeviceToHost);
   const std::vector<float> got(fused.begin() + t0 * k_dim, fused.begin() + (t0 + n) * k_dim);
-  const auto r = MoeCloseF32(got, ref, {n, k_dim});
+  const auto r = MoeCloseF32(got, ref, {n, k_dim}, top_k * moe.Layout().LocalIntermediate());
   *note = r.message();
   return static_cast<bool>(r);
 }
