@@ -43,7 +43,6 @@ if want test; then
   note "tests: rc=$rc in $(( $(secs) - t0 )) s; $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]+ test' "$OUT/tests.log" | tr '\n' ' ')"
   grep -E "^\[  FAILED  \] [A-Z]" "$OUT/tests.log" | sort -u | head -20 | tee -a "$SUMMARY"
   grep -E "Failure|error:" -A4 "$OUT/tests.log" | head -60
-  grep -oE "max \|diff\|/allowed [0-9.e+-]+, normwise [0-9.e+-]+" "$OUT/tests.log" | awk '{if ($3>m) m=$3; if ($5>n) n=$5} END {print "observed worst |diff|/allowed " m ", normwise " n}' | tee -a "$SUMMARY"
 fi
 
 if want sanitize; then

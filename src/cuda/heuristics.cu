@@ -36,9 +36,11 @@ LaunchChoice ChooseLaunch(const LayerDims& dims, int64_t num_tokens, int64_t max
   const double local = static_cast<double>(dims.num_local);
   const double touched = std::max(1.0, local * (1.0 - std::exp(-pairs / local)));
   c.pairs_per_expert = pairs / touched;
+  // Measured on the H200 (docs/perf-log.md, v1/v1.1): n32 beats n64 at every prefill size
+  // (3 CTAs per SM against 2: the mma.sync path is latency-bound), so n64 is only reachable
+  // through MXMOE_GEMM_CONFIG for now.
   if (c.pairs_per_expert <= 12.0) c.gemm = GemmConfigId::kN8;
-  else if (c.pairs_per_expert <= 40.0) c.gemm = GemmConfigId::kN32;
-  else c.gemm = GemmConfigId::kN64;
+  else c.gemm = GemmConfigId::kN32;
   // MXMOE_GEMM_CONFIG=n8|n32|n64 forces a config (for measuring them against each other).
   static const char* forced = std::getenv("MXMOE_GEMM_CONFIG");
   if (forced != nullptr) {
