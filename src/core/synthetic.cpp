@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "mxmoe/formats.h"
+#include "core/parallel.h"
 #include "mxmoe/layouts.h"
 
 namespace mxmoe {
@@ -55,19 +56,6 @@ Mxfp4Matrix RandomMatrix(int64_t rows, int64_t cols, int jitter, Rng& rng) {
   const int center = ScaleCenter(cols);
   for (uint8_t& s : m.scales) s = static_cast<uint8_t>(127 + center - jitter + rng.Below(2 * jitter + 1));
   return m;
-}
-
-void ParallelFor(int64_t n, int num_threads, const auto& fn) {
-  int threads = num_threads > 0 ? num_threads : static_cast<int>(std::thread::hardware_concurrency());
-  threads = static_cast<int>(std::clamp<int64_t>(threads, 1, std::max<int64_t>(n, 1)));
-  std::atomic<int64_t> next{0};
-  auto worker = [&] {
-    for (int64_t i = next++; i < n; i = next++) fn(i);
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
-  worker();
-  for (auto& th : pool) th.join();
 }
 
 }  // namespace

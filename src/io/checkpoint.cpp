@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "core/parallel.h"
 #include "io/file_util.h"
 #include "mxmoe/formats.h"
 #include "mxmoe/json.h"
@@ -41,19 +42,6 @@ bool IsPlainFileName(const std::string& name) {
          name.find('\0') == std::string::npos;
 }
 
-// Runs fn(i) for i in [0, n) on up to `max_threads` threads.
-template <typename Fn>
-void ParallelFor(int64_t n, int max_threads, const Fn& fn) {
-  const int threads = static_cast<int>(std::clamp<int64_t>(max_threads, 1, std::max<int64_t>(n, 1)));
-  std::atomic<int64_t> next{0};
-  const auto worker = [&] {
-    for (int64_t i = next++; i < n; i = next++) fn(i);
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
-  worker();
-  for (auto& th : pool) th.join();
-}
 
 }  // namespace
 

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "core/activation_math.h"
+#include "core/parallel.h"
 #include "mxmoe/formats.h"
 #include "mxmoe/moe.h"
 #include "reference/quantized_input.h"
@@ -17,17 +18,6 @@ namespace {
 constexpr int64_t kRowBlock = 128;  // rows per work item; a multiple of 32 keeps MX blocks whole
 constexpr int kRowTile = 4;         // independent accumulation chains per inner loop
 
-void RunParallel(int64_t n, int threads, const auto& fn) {
-  threads = static_cast<int>(std::clamp<int64_t>(threads, 1, std::max<int64_t>(n, 1)));
-  std::atomic<int64_t> next{0};
-  auto worker = [&] {
-    for (int64_t i = next++; i < n; i = next++) fn(i);
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
-  worker();
-  for (auto& th : pool) th.join();
-}
 
 // Rows [r0, r1) of m, dequantized to fp32: the same products as Mxfp4Matrix::At, through a
 // 16-entry table per block.
@@ -105,7 +95,7 @@ Status CpuMoe(const ExpertSet& experts, const MoeInput& in, const MoeOutput& out
   // FC1, activation and MXFP8 round trip: a[pair, I] (dequantized aq).
   std::vector<float> a(n_pairs * i_dim);
   const std::vector<Item> fc1 = items_for(i_dim);
-  RunParallel(static_cast<int64_t>(fc1.size()), threads, [&](int64_t idx) {
+  ParallelFor(static_cast<int64_t>(fc1.size()), threads, [&](int64_t idx) {
     const Item& it = fc1[idx];
     const ExpertWeights& w = experts.experts[it.expert];
     const ActParams& prm = experts.activation.ForExpert(it.expert);
@@ -133,7 +123,7 @@ Status CpuMoe(const ExpertSet& experts, const MoeInput& in, const MoeOutput& out
   // FC2: y[pair, K].
   std::vector<float> y(n_pairs * k_dim);
   const std::vector<Item> fc2 = items_for(k_dim);
-  RunParallel(static_cast<int64_t>(fc2.size()), threads, [&](int64_t idx) {
+  ParallelFor(static_cast<int64_t>(fc2.size()), threads, [&](int64_t idx) {
     const Item& it = fc2[idx];
     const int64_t rows = it.row1 - it.row0;
     std::vector<float> w2(rows * i_dim);
@@ -151,7 +141,7 @@ Status CpuMoe(const ExpertSet& experts, const MoeInput& in, const MoeOutput& out
   for (int64_t e = 0; e < n_local; ++e)
     for (size_t q = 0; q < pairs[e].size(); ++q) row_of[pairs[e][q]] = offset[e] + static_cast<int64_t>(q);
   std::vector<float> acc(t_count * k_dim, 0.0f);
-  RunParallel(t_count, threads, [&](int64_t t) {
+  ParallelFor(t_count, threads, [&](int64_t t) {
     float* o = acc.data() + t * k_dim;
     for (int64_t j = 0; j < top_k; ++j) {
       const int64_t row = row_of[t * top_k + j];
