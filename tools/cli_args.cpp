@@ -1,6 +1,7 @@
 #include "cli_args.h"
 
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 
 namespace mxmoe::cli {
@@ -37,18 +38,23 @@ Status Args::Parse(const std::vector<std::string>& argv, const std::set<std::str
   return Status::Ok();
 }
 
-std::string Args::Str(const std::string& name, const std::string& fallback) const {
+const std::string* Args::Find(const std::string& name) const {
   auto it = values_.find(name);
-  return it == values_.end() ? fallback : it->second;
+  return it == values_.end() ? nullptr : &it->second;
+}
+
+std::string Args::Str(const std::string& name, const std::string& fallback) const {
+  const std::string* v = Find(name);
+  return v ? *v : fallback;
 }
 
 Status Args::Int(const std::string& name, int64_t fallback, int64_t min, int64_t max, int64_t* out) const {
-  auto it = values_.find(name);
-  if (it == values_.end()) {
+  const std::string* value = Find(name);
+  if (value == nullptr) {
     *out = fallback;
     return Status::Ok();
   }
-  const std::string& s = it->second;
+  const std::string& s = *value;
   char* end = nullptr;
   errno = 0;
   const long long v = std::strtoll(s.c_str(), &end, 10);
@@ -62,17 +68,36 @@ Status Args::Int(const std::string& name, int64_t fallback, int64_t min, int64_t
 }
 
 Status Args::U64(const std::string& name, uint64_t fallback, uint64_t* out) const {
-  auto it = values_.find(name);
-  if (it == values_.end()) {
+  const std::string* value = Find(name);
+  if (value == nullptr) {
     *out = fallback;
     return Status::Ok();
   }
-  const std::string& s = it->second;
+  const std::string& s = *value;
   char* end = nullptr;
   errno = 0;
   const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
   if (s.empty() || s[0] == '-' || *end != '\0' || errno == ERANGE)
     return Status::Invalid("--" + name + " = '" + s + "' is not a non-negative integer");
+  *out = v;
+  return Status::Ok();
+}
+
+Status Args::Float(const std::string& name, float fallback, float min, float max, float* out) const {
+  const std::string* value = Find(name);
+  if (value == nullptr) {
+    *out = fallback;
+    return Status::Ok();
+  }
+  const std::string& s = *value;
+  char* end = nullptr;
+  errno = 0;
+  const float v = std::strtof(s.c_str(), &end);
+  if (s.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v))
+    return Status::Invalid("--" + name + " = '" + s + "' is not a finite number");
+  if (!(v > min && v <= max))
+    return Status::Invalid("--" + name + " = " + s + " is outside (" + std::to_string(min) + ", " +
+                           std::to_string(max) + "]");
   *out = v;
   return Status::Ok();
 }

@@ -23,8 +23,13 @@ class Args {
   std::string Str(const std::string& name, const std::string& fallback = "") const;
   Status Int(const std::string& name, int64_t fallback, int64_t min, int64_t max, int64_t* out) const;
   Status U64(const std::string& name, uint64_t fallback, uint64_t* out) const;
+  // A finite number in (min, max].
+  Status Float(const std::string& name, float fallback, float min, float max, float* out) const;
 
  private:
+  // The option's value, or null when it was not given.
+  const std::string* Find(const std::string& name) const;
+
   std::map<std::string, std::string> values_;
 };
 

@@ -45,8 +45,9 @@ Status CmdMakeCheckpoint(const std::vector<std::string>& argv) {
   MXMOE_RETURN_IF_ERROR(config.shape.Validate());
   const std::string hidden_act = args.Str("activation", "situ");
   MXMOE_RETURN_IF_ERROR(ActivationFromHiddenActName(hidden_act, &config.activation.type));
-  if (args.Has("situ-beta")) config.activation.params.beta = std::stof(args.Str("situ-beta"));
-  if (args.Has("situ-linear-beta")) config.activation.params.linear_beta = std::stof(args.Str("situ-linear-beta"));
+  ActParams& p = config.activation.params;
+  MXMOE_RETURN_IF_ERROR(args.Float("situ-beta", p.beta, 0.0f, 1e30f, &p.beta));
+  MXMOE_RETURN_IF_ERROR(args.Float("situ-linear-beta", p.linear_beta, 0.0f, 1e30f, &p.linear_beta));
   std::vector<ExpertSet> sets(layers);
   for (int64_t l = 0; l < layers; ++l) {
     SyntheticOptions opt;

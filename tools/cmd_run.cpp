@@ -155,7 +155,7 @@ Status CmdRun(const std::vector<std::string>& argv) {
     in.topk_weights = synth_input.topk_weights.data();
   }
   const int64_t t_count = in.num_tokens, k_dim = shape.hidden;
-  std::vector<uint8_t> out_buf(t_count * k_dim * (out_dtype == OutputDType::kF32 ? 4 : 2));
+  std::vector<uint8_t> out_buf(t_count * k_dim * OutputDTypeSize(out_dtype));
   MoeOutput out{out_dtype, out_buf.data()};
   {
     ExpertSet probe;  // shape-only set for the call's validation

@@ -16,7 +16,7 @@ float Element(const MoeOutput& out, int64_t i) {
 }  // namespace
 
 std::string SummarizeOutput(const MoeOutput& out, int64_t count) {
-  const size_t bytes = count * (out.dtype == OutputDType::kF32 ? 4 : 2);
+  const size_t bytes = count * OutputDTypeSize(out.dtype);
   uint64_t h = 0xcbf29ce484222325ull;
   const uint8_t* p = static_cast<const uint8_t*>(out.data);
   for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
@@ -39,7 +39,7 @@ std::string SummarizeOutput(const MoeOutput& out, int64_t count) {
 }
 
 std::string CompareToReference(const MoeOutput& out, const MoeOutput& ref_out, int64_t count) {
-  const size_t bytes = count * (out.dtype == OutputDType::kF32 ? 4 : 2);
+  const size_t bytes = count * OutputDTypeSize(out.dtype);
   if (bytes == 0 || std::memcmp(out.data, ref_out.data, bytes) == 0) return "bitwise equal";
   double max_err = 0, err2 = 0, ref2 = 0;
   int64_t worst = -1, nan_mismatch = 0;

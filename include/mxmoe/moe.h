@@ -2,6 +2,7 @@
 // representation of MXFP4 experts, and the CPU reference and CPU backend (SPEC section 1).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -13,6 +14,8 @@ namespace mxmoe {
 
 enum class OutputDType : int32_t { kBF16 = 0, kF32 = 1 };
 const char* OutputDTypeName(OutputDType t);
+// Bytes of one output element.
+constexpr size_t OutputDTypeSize(OutputDType t) { return t == OutputDType::kF32 ? 4 : 2; }
 
 // The unsplit layer: the same on every rank.
 struct LayerShape {

@@ -52,7 +52,7 @@ Status CudaRunHost(const CudaMoe& moe, const MoeInput& in, const MoeOutput& out,
   }
   MXMOE_RETURN_IF_ERROR(Upload(&ids, in.topk_ids, t * top * sizeof(int32_t), "topk_ids"));
   MXMOE_RETURN_IF_ERROR(Upload(&w, in.topk_weights, t * top * sizeof(float), "topk_weights"));
-  const size_t out_bytes = t * k * (out.dtype == OutputDType::kF32 ? 4 : 2);
+  const size_t out_bytes = t * k * OutputDTypeSize(out.dtype);
   MXMOE_RETURN_IF_ERROR(Upload(&o, nullptr, out_bytes, "output"));
   din.topk_ids = static_cast<const int32_t*>(ids.ptr);
   din.topk_weights = static_cast<const float*>(w.ptr);

@@ -353,7 +353,7 @@ Status CudaMoeSm90::Run(const MoeInput& in, const MoeOutput& out, void* workspac
   uint16_t* xq = reinterpret_cast<uint16_t*>(at(l.xq));
   uint16_t* h = reinterpret_cast<uint16_t*>(at(l.h));
   float* y = reinterpret_cast<float*>(at(l.y));
-  const size_t out_elt = out.dtype == OutputDType::kF32 ? 4 : 2;
+  const size_t out_elt = OutputDTypeSize(out.dtype);
   const int32_t m_tiles13 = static_cast<int32_t>((w13_.row_groups + cuda::kBlockRowGroups - 1) / cuda::kBlockRowGroups);
   const int32_t m_tiles2 = static_cast<int32_t>((w2_.row_groups + cuda::kBlockRowGroups - 1) / cuda::kBlockRowGroups);
 
@@ -441,7 +441,7 @@ Status CudaMoeSm90::RunReference(const MoeInput& in, const MoeOutput& out, void*
   const int64_t chunk = std::min(t_count, max_chunk_ref_);
   const RefLayout l = PlanRef(chunk);
   uint8_t* ws = static_cast<uint8_t*>(workspace);
-  const size_t out_elt = out.dtype == OutputDType::kF32 ? 4 : 2;
+  const size_t out_elt = OutputDTypeSize(out.dtype);
   for (int64_t t0 = 0; t0 < t_count; t0 += chunk) {
     const int64_t tc = std::min(chunk, t_count - t0);
     cuda::ReferenceParams p;
