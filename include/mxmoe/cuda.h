@@ -48,6 +48,20 @@ class CudaMoe {
 
   virtual const ExpertSet& Layout() const = 0;  // shape, slice and activation (weights dropped)
   virtual int Device() const = 0;
+
+  // The device-side error word. The host cannot check topk_ids without a synchronization, so Run
+  // and RunReference skip an id outside [-1, E) like -1 and add it to a counter on the device (ids
+  // of other EP ranks, in [0, E), are not errors). ReadErrors returns the ids counted since Create
+  // or the last ResetErrors; both copy synchronously, so call them after synchronizing the streams
+  // the calls ran on, with no call in flight. Graph replays count too.
+  virtual Status ReadErrors(int64_t* bad_expert_ids) const = 0;
+  virtual Status ResetErrors() const = 0;
+  // Debug mode (also switched on at Create by the environment variable MXMOE_DEBUG_CHECK=1): Run and
+  // RunReference synchronize their stream after launching and return kInvalidArgument naming
+  // topk_ids and the count when the call met bad ids, or the CUDA error the call raised. Not for
+  // production: it blocks the host. A call made while its stream is being captured skips the check.
+  virtual void SetDebugCheck(bool on) = 0;
+  virtual bool DebugCheck() const = 0;
 };
 
 }  // namespace mxmoe

@@ -5,8 +5,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/heuristics.h"
@@ -103,7 +105,7 @@ class CudaMoeSm90 final : public CudaMoe {
   ~CudaMoeSm90() override {
     DeviceGuard guard;
     if (!guard.Enter(device_).ok()) return;
-    for (DeviceBuffer* b : {&w13_tiles_, &w13_scales_, &w2_tiles_, &w2_scales_, &params_, &gate_bias_, &up_bias_})
+    for (DeviceBuffer* b : {&w13_tiles_, &w13_scales_, &w2_tiles_, &w2_scales_, &params_, &gate_bias_, &up_bias_, &errors_})
       b->Free();
   }
 
@@ -120,8 +122,13 @@ class CudaMoeSm90 final : public CudaMoe {
                       size_t workspace_bytes, void* stream) const override;
   const ExpertSet& Layout() const override { return layout_; }
   int Device() const override { return device_; }
+  Status ReadErrors(int64_t* bad_expert_ids) const override;
+  Status ResetErrors() const override;
+  void SetDebugCheck(bool on) override { debug_check_ = on; }
+  bool DebugCheck() const override { return debug_check_; }
 
  private:
+  class DebugScope;
   struct RunLayout {
     size_t xq, h, y, keys_in, keys_out, vals_in, vals_out, offsets, tile_offsets, tiles, num_tiles, sort_temp;
     size_t total;
@@ -161,6 +168,7 @@ class CudaMoeSm90 final : public CudaMoe {
     return l;
   }
   Status CheckCall(const MoeInput& in, const MoeOutput& out, void* workspace, size_t bytes) const;
+  Status CheckDevicePointer(const void* p, const char* name) const;
   Status Upload(const ExpertSet& experts);
 
   ExpertSet layout_;
@@ -173,6 +181,9 @@ class CudaMoeSm90 final : public CudaMoe {
   int key_bits_ = 1;
   size_t sort_temp_bytes_ = 0;
   int64_t max_chunk_run_ = 1, max_chunk_ref_ = 1;
+  DeviceBuffer errors_;  // the error word: one unsigned long long, bad expert ids seen
+  bool debug_check_ = false;
+  bool pageable_access_ = false;  // the device reads pageable host memory (HMM / ATS)
 };
 
 Status CudaMoeSm90::Init(const ExpertSet& experts, int device) {
@@ -195,6 +206,15 @@ Status CudaMoeSm90::Init(const ExpertSet& experts, int device) {
 
   MXMOE_RETURN_IF_ERROR(Upload(experts));
   MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::PrepareGemmKernels(), "configuring the GEMM kernels"));
+  MXMOE_RETURN_IF_ERROR(errors_.Allocate(sizeof(unsigned long long), "the error word"));
+  MXMOE_RETURN_IF_ERROR(CudaCheck(cudaMemset(errors_.ptr, 0, errors_.bytes), "clearing the error word"));
+  MXMOE_RETURN_IF_ERROR(CudaCheck(cudaDeviceSynchronize(), "clearing the error word"));
+  const char* debug_env = std::getenv("MXMOE_DEBUG_CHECK");
+  debug_check_ = debug_env != nullptr && std::string(debug_env) == "1";
+  int pageable = 0;
+  MXMOE_RETURN_IF_ERROR(CudaCheck(cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, device),
+                                  "cudaDeviceGetAttribute(PageableMemoryAccess)"));
+  pageable_access_ = pageable != 0;
 
   // Chunk bounds from the per-token growth of each layout (the sort's scratch is sized for the
   // largest chunk, found with a first plan without it).
@@ -324,7 +344,96 @@ Status CudaMoeSm90::CheckCall(const MoeInput& in, const MoeOutput& out, void* wo
     return Status::Invalid("topk_ids / topk_weights: must be 4-byte aligned");
   if (!Aligned(out.data, out.dtype == OutputDType::kF32 ? 16 : 8))
     return Status::Invalid("output: must be 16-byte (f32) or 8-byte (bf16) aligned");
+  const std::pair<const void*, const char*> pointers[] = {
+      {in.x_bf16, "x_bf16"},     {in.x_e4m3, "x_e4m3"},     {in.x_scale, "x_scale"}, {in.topk_ids, "topk_ids"},
+      {in.topk_weights, "topk_weights"}, {out.data, "output"}, {workspace, "workspace"}};
+  for (const auto& [p, name] : pointers)
+    if (p != nullptr) MXMOE_RETURN_IF_ERROR(CheckDevicePointer(p, name));
   return Status::Ok();
+}
+
+// Whether the kernels on device_ can dereference p. cudaPointerGetAttributes enqueues nothing and
+// does not synchronize, so the check is allowed while the caller's stream is being captured.
+Status CudaMoeSm90::CheckDevicePointer(const void* p, const char* name) const {
+  cudaPointerAttributes a{};
+  const cudaError_t e = cudaPointerGetAttributes(&a, p);
+  if (e == cudaErrorInvalidValue) {
+    cudaGetLastError();  // a pointer the runtime does not know: plain host memory
+    a.type = cudaMemoryTypeUnregistered;
+  } else if (e != cudaSuccess) {
+    return CudaCheck(e, std::string("cudaPointerGetAttributes(") + name + ")");
+  }
+  const std::string where = " (this CudaMoe runs on device " + Str(device_) + ")";
+  switch (a.type) {
+    case cudaMemoryTypeDevice:
+      if (a.device != device_)
+        return Status::Invalid(std::string(name) + ": device memory of device " + Str(a.device) + where);
+      return Status::Ok();
+    case cudaMemoryTypeManaged:
+      return Status::Ok();
+    case cudaMemoryTypeHost:  // pinned: readable by the device when mapped into its address space
+      if (a.devicePointer == nullptr)
+        return Status::Invalid(std::string(name) + ": pinned host memory not mapped for the device" + where);
+      return Status::Ok();
+    default:  // unregistered host memory
+      if (pageable_access_) return Status::Ok();
+      return Status::Invalid(std::string(name) + ": host memory; the CUDA backend needs device memory "
+                             "(or managed / mapped pinned memory)" + where);
+  }
+}
+
+// Debug mode around one call: the error word before and after, the stream synchronized.
+class CudaMoeSm90::DebugScope {
+ public:
+  DebugScope(const CudaMoeSm90& moe, cudaStream_t stream, const char* what)
+      : moe_(moe), stream_(stream), what_(what) {}
+  Status Begin() {
+    if (!moe_.debug_check_) return Status::Ok();
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    MXMOE_RETURN_IF_ERROR(CudaCheck(cudaStreamIsCapturing(stream_, &capture), "cudaStreamIsCapturing"));
+    if (capture != cudaStreamCaptureStatusNone) return Status::Ok();  // no synchronization in a capture
+    active_ = true;
+    return Read(&before_, " before the call");
+  }
+  Status End() {
+    if (!active_) return Status::Ok();
+    unsigned long long after = 0;
+    MXMOE_RETURN_IF_ERROR(Read(&after, ""));
+    if (after > before_)
+      return Status::Invalid("topk_ids: " + Str(static_cast<int64_t>(after - before_)) +
+                             " expert ids outside [-1, " + Str(moe_.dims_.num_experts) + ") in this " + what_ +
+                             " call (skipped like -1; found by the debug check, MXMOE_DEBUG_CHECK)");
+    return Status::Ok();
+  }
+
+ private:
+  Status Read(unsigned long long* v, const char* when) {
+    const std::string label = std::string(what_) + " (debug check" + when + ")";
+    MXMOE_RETURN_IF_ERROR(CudaCheck(cudaMemcpyAsync(v, moe_.errors_.ptr, sizeof(*v), cudaMemcpyDeviceToHost, stream_), label));
+    return CudaCheck(cudaStreamSynchronize(stream_), label);
+  }
+  const CudaMoeSm90& moe_;
+  cudaStream_t stream_;
+  const char* what_;
+  bool active_ = false;
+  unsigned long long before_ = 0;
+};
+
+Status CudaMoeSm90::ReadErrors(int64_t* bad_expert_ids) const {
+  if (bad_expert_ids == nullptr) return Status::Invalid("ReadErrors: bad_expert_ids is null");
+  DeviceGuard guard;
+  MXMOE_RETURN_IF_ERROR(guard.Enter(device_));
+  unsigned long long v = 0;
+  MXMOE_RETURN_IF_ERROR(CudaCheck(cudaMemcpy(&v, errors_.ptr, sizeof(v), cudaMemcpyDeviceToHost), "reading the error word"));
+  *bad_expert_ids = static_cast<int64_t>(v);
+  return Status::Ok();
+}
+
+Status CudaMoeSm90::ResetErrors() const {
+  DeviceGuard guard;
+  MXMOE_RETURN_IF_ERROR(guard.Enter(device_));
+  MXMOE_RETURN_IF_ERROR(CudaCheck(cudaMemsetAsync(errors_.ptr, 0, errors_.bytes, nullptr), "clearing the error word"));
+  return CudaCheck(cudaStreamSynchronize(nullptr), "clearing the error word");
 }
 
 Status CudaMoeSm90::Run(const MoeInput& in, const MoeOutput& out, void* workspace,
@@ -336,6 +445,8 @@ Status CudaMoeSm90::Run(const MoeInput& in, const MoeOutput& out, void* workspac
   DeviceGuard guard;
   MXMOE_RETURN_IF_ERROR(guard.Enter(device_));
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  DebugScope debug(*this, stream, "Run");
+  MXMOE_RETURN_IF_ERROR(debug.Begin());
   const int64_t k_dim = dims_.hidden, top_k = dims_.top_k, n_local = dims_.num_local;
   const cuda::LaunchChoice choice = cuda::ChooseLaunch(dims_, t_count, max_chunk_run_);
   const cuda::GemmConfigInfo info = cuda::GemmInfo(choice.gemm);
@@ -374,6 +485,8 @@ Status CudaMoeSm90::Run(const MoeInput& in, const MoeOutput& out, void* workspac
     pp.num_local = static_cast<int32_t>(n_local);
     pp.keys = keys_in;
     pp.pair_ids = vals_in;
+    pp.num_experts = dims_.num_experts;
+    pp.bad_ids = errors_.As<unsigned long long>();
     MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchPrepare(pp, stream), "input quantization / routing keys kernel"));
     MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::SortPairs(at(l.sort_temp), sort_temp_bytes_, keys_in, keys_out, vals_in,
                                                     vals_out, pairs, key_bits_, stream),
@@ -425,7 +538,7 @@ Status CudaMoeSm90::Run(const MoeInput& in, const MoeOutput& out, void* workspac
                                                         stream),
                                     "combine kernel"));
   }
-  return Status::Ok();
+  return debug.End();
 }
 
 Status CudaMoeSm90::RunReference(const MoeInput& in, const MoeOutput& out, void* workspace,
@@ -437,7 +550,12 @@ Status CudaMoeSm90::RunReference(const MoeInput& in, const MoeOutput& out, void*
   DeviceGuard guard;
   MXMOE_RETURN_IF_ERROR(guard.Enter(device_));
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  DebugScope debug(*this, stream, "RunReference");
+  MXMOE_RETURN_IF_ERROR(debug.Begin());
   const int64_t k_dim = dims_.hidden, top_k = dims_.top_k;
+  MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchCountBadIds(in.topk_ids, t_count * top_k, dims_.num_experts,
+                                                          errors_.As<unsigned long long>(), stream),
+                                  "counting bad expert ids"));
   const int64_t chunk = std::min(t_count, max_chunk_ref_);
   const RefLayout l = PlanRef(chunk);
   uint8_t* ws = static_cast<uint8_t*>(workspace);
@@ -476,7 +594,7 @@ Status CudaMoeSm90::RunReference(const MoeInput& in, const MoeOutput& out, void*
                                                         stream),
                                     "combine kernel"));
   }
-  return Status::Ok();
+  return debug.End();
 }
 
 bool BuiltFor(const char* arch) {

@@ -57,8 +57,15 @@ struct PrepareParams {
   int32_t num_local = 0;
   int32_t* keys = nullptr;  // [T*k] local expert, or num_local for a skipped slot
   int32_t* pair_ids = nullptr;  // [T*k] 0..T*k-1
+  // The error word: ids outside [-1, num_experts) are added here (one atomic per block), or null.
+  int64_t num_experts = 0;  // E, global
+  unsigned long long* bad_ids = nullptr;
 };
 cudaError_t LaunchPrepare(const PrepareParams& p, cudaStream_t stream);
+// Adds the ids of ids[0, n) outside [-1, num_experts) to *bad_ids (the unfused reference's share
+// of the error word; the fused pipeline counts in LaunchPrepare).
+cudaError_t LaunchCountBadIds(const int32_t* ids, int64_t n, int64_t num_experts,
+                              unsigned long long* bad_ids, cudaStream_t stream);
 
 // Bytes of CUB temporary storage the sort needs for n pairs.
 cudaError_t SortTempBytes(int64_t n, size_t* bytes);
@@ -107,8 +114,9 @@ struct GemmParams {
   const float* topk_weights = nullptr;  // chunk rows [T, k]
 };
 
-enum class GemmConfigId : int { kN8 = 0, kN32 = 1, kN64 = 2 };
-inline constexpr int kNumGemmConfigs = 3;
+// mma.sync kernels (sm90/moe_gemm.cuh) for decode; wgmma kernels (sm90/moe_wgmma.cuh) for prefill.
+enum class GemmConfigId : int { kN8 = 0, kN32 = 1, kN64 = 2, kWg64 = 3, kWg128 = 4 };
+inline constexpr int kNumGemmConfigs = 5;
 
 struct GemmConfigInfo {
   const char* name;

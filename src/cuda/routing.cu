@@ -12,6 +12,24 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// The error word: the block's count of ids outside [-1, num_experts), added with one atomic. Every
+// thread of the block must call it (it synchronizes the block).
+__device__ void CountBadIdsOfBlock(bool bad, unsigned long long* bad_ids) {
+  __shared__ int smem_warp_counts[kThreads / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int warp_count = __popc(__ballot_sync(0xFFFFFFFFu, bad));
+  if (lane == 0) smem_warp_counts[warp] = warp_count;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int count = 0;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; ++w) count += smem_warp_counts[w];
+    if (count > 0) atomicAdd(bad_ids, static_cast<unsigned long long>(count));
+  }
+}
+
+__device__ bool IsBadId(int32_t id, int64_t num_experts) { return id < -1 || id >= num_experts; }
+
 // Blocks [0, quant_threads) quantize one 32-block of x each; the rest write one routing key each.
 __global__ void __launch_bounds__(kThreads) PrepareKernel(const PrepareParams p, int64_t quant_threads) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
@@ -62,13 +80,25 @@ __global__ void __launch_bounds__(kThreads) PrepareKernel(const PrepareParams p,
     }
     return;
   }
+  // Key blocks (quant_threads is a whole number of blocks, so the branch above is block-uniform and
+  // no thread of a key block has returned before the block-wide count below).
   const int64_t pair = idx - quant_threads;
-  if (pair >= p.num_tokens * p.top_k) return;
-  // Out-of-range ids (any value) and -1 are skipped like ids of other ranks: key num_local.
-  const int64_t local = static_cast<int64_t>(p.topk_ids[pair]) - p.first_expert;
-  const bool valid = p.topk_ids[pair] >= 0 && local >= 0 && local < p.num_local;
-  p.keys[pair] = valid ? static_cast<int32_t>(local) : p.num_local;
-  p.pair_ids[pair] = static_cast<int32_t>(pair);
+  const bool in_range = pair < p.num_tokens * p.top_k;
+  const int32_t id = in_range ? p.topk_ids[pair] : -1;
+  if (in_range) {
+    // Out-of-range ids (any value) and -1 are skipped like ids of other ranks: key num_local.
+    const int64_t local = static_cast<int64_t>(id) - p.first_expert;
+    const bool valid = id >= 0 && local >= 0 && local < p.num_local;
+    p.keys[pair] = valid ? static_cast<int32_t>(local) : p.num_local;
+    p.pair_ids[pair] = static_cast<int32_t>(pair);
+  }
+  if (p.bad_ids != nullptr) CountBadIdsOfBlock(IsBadId(id, p.num_experts), p.bad_ids);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    CountBadIdsKernel(const int32_t* ids, int64_t n, int64_t num_experts, unsigned long long* bad_ids) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  CountBadIdsOfBlock(idx < n && IsBadId(ids[idx], num_experts), bad_ids);
 }
 
 __device__ int LowerBound(const int32_t* v, int64_t n, int32_t key) {
@@ -158,6 +188,14 @@ cudaError_t LaunchPrepare(const PrepareParams& p, cudaStream_t stream) {
   if (blocks == 0) return cudaSuccess;
   // Quantization threads are padded to whole blocks so the key blocks start at a block edge.
   PrepareKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p, Blocks(quant) * kThreads);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCountBadIds(const int32_t* ids, int64_t n, int64_t num_experts,
+                              unsigned long long* bad_ids, cudaStream_t stream) {
+  const int64_t blocks = Blocks(n);
+  if (blocks == 0 || bad_ids == nullptr) return cudaSuccess;
+  CountBadIdsKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(ids, n, num_experts, bad_ids);
   return cudaGetLastError();
 }
 
