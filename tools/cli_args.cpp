@@ -6,6 +6,17 @@
 
 namespace mxmoe::cli {
 
+std::vector<std::string> SplitList(const std::string& value) {
+  std::vector<std::string> items;
+  size_t pos = 0;
+  while (true) {
+    const size_t comma = value.find(',', pos);
+    items.push_back(value.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
+    if (comma == std::string::npos) return items;
+    pos = comma + 1;
+  }
+}
+
 Status Args::Parse(const std::vector<std::string>& argv, const std::set<std::string>& valued,
                    const std::set<std::string>& flags, Args* out) {
   Args a;
@@ -48,13 +59,10 @@ std::string Args::Str(const std::string& name, const std::string& fallback) cons
   return v ? *v : fallback;
 }
 
-Status Args::Int(const std::string& name, int64_t fallback, int64_t min, int64_t max, int64_t* out) const {
-  const std::string* value = Find(name);
-  if (value == nullptr) {
-    *out = fallback;
-    return Status::Ok();
-  }
-  const std::string& s = *value;
+namespace {
+
+// `s`, the value (or one item of the value) of --name, as an integer in [min, max].
+Status ParseInt(const std::string& name, const std::string& s, int64_t min, int64_t max, int64_t* out) {
   char* end = nullptr;
   errno = 0;
   const long long v = std::strtoll(s.c_str(), &end, 10);
@@ -64,6 +72,34 @@ Status Args::Int(const std::string& name, int64_t fallback, int64_t min, int64_t
     return Status::Invalid("--" + name + " = " + s + " is outside [" + std::to_string(min) + ", " +
                            std::to_string(max) + "]");
   *out = v;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status Args::Int(const std::string& name, int64_t fallback, int64_t min, int64_t max, int64_t* out) const {
+  const std::string* value = Find(name);
+  if (value == nullptr) {
+    *out = fallback;
+    return Status::Ok();
+  }
+  return ParseInt(name, *value, min, max, out);
+}
+
+Status Args::IntList(const std::string& name, const std::vector<int64_t>& fallback, int64_t min, int64_t max,
+                     std::vector<int64_t>* out) const {
+  const std::string* value = Find(name);
+  if (value == nullptr) {
+    *out = fallback;
+    return Status::Ok();
+  }
+  std::vector<int64_t> items;
+  for (const std::string& item : SplitList(*value)) {
+    int64_t v = 0;
+    MXMOE_RETURN_IF_ERROR(ParseInt(name, item, min, max, &v));
+    items.push_back(v);
+  }
+  *out = std::move(items);
   return Status::Ok();
 }
 

@@ -13,6 +13,9 @@
 
 namespace mxmoe::cli {
 
+// "a,b,,c" -> {"a", "b", "", "c"}: the items of a list-valued option.
+std::vector<std::string> SplitList(const std::string& value);
+
 class Args {
  public:
   // `valued` take a value, `flags` take none; anything else is refused by name.
@@ -22,6 +25,9 @@ class Args {
   bool Has(const std::string& name) const { return values_.count(name) > 0; }
   std::string Str(const std::string& name, const std::string& fallback = "") const;
   Status Int(const std::string& name, int64_t fallback, int64_t min, int64_t max, int64_t* out) const;
+  // A comma-separated list of integers in [min, max] ("1,8,32"); `fallback` when not given.
+  Status IntList(const std::string& name, const std::vector<int64_t>& fallback, int64_t min, int64_t max,
+                 std::vector<int64_t>* out) const;
   Status U64(const std::string& name, uint64_t fallback, uint64_t* out) const;
   // A finite number in (min, max].
   Status Float(const std::string& name, float fallback, float min, float max, float* out) const;

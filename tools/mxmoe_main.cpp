@@ -1,4 +1,4 @@
-// The mxmoe command line: run, info, make-checkpoint, make-input.
+// The mxmoe command line: run, info, make-checkpoint, make-input, bench.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -16,6 +16,7 @@ commands:
   info             the build (version, CUDA targets) and the devices seen
   make-checkpoint  write a synthetic checkpoint in the Kimi-K3 layout
   make-input       write an input file (hidden_states, topk_ids, topk_weights)
+  bench            the benchmark sweep on the GPU (needs the CUDA backend)
   help, --help     this text; `mxmoe <command> --help` for a command's options
   --version        the version
 
@@ -59,6 +60,26 @@ mxmoe make-input --out FILE (--checkpoint DIR | [--experts E] [--hidden K] [--to
           [--tokens T] [--routing P] [--seed S]
   A synthetic input file for `mxmoe run --input`.
 
+mxmoe bench [--shapes all|kimi-k3,gpt-oss-120b,deepseek-v3] [--tokens T,...] [--routing P,...]
+          [--experts E] [--repeats N] [--warmup N] [--check-tokens N] [--seed S] [--threads N]
+          [--csv FILE] [--dump DIR] [--no-graph] [--dry-run]
+  The benchmark of the fused operator on device 0 (SM90). The default sweep: Kimi-K3 (896 experts,
+  top-16, Situ) with uniform and heavy_hitters routing (half the picks on a few experts) at T = 1,
+  8, 32, 128, 1024, 4096, 16384; GPT-OSS-120B and DeepSeek-V3-style with uniform routing at T = 1,
+  32, 4096 (synthetic layers from --seed, default 2024). Each row is first checked against the
+  unfused GPU reference on its first and last --check-tokens tokens (default 128) and prints no
+  speed if that fails; then the median of --repeats (default 20) calls after --warmup (3), CUDA
+  events around the call, L2 flushed and 4 inputs rotated, eager and as a CUDA graph replay
+  (--no-graph skips it); GB/s, TFLOP/s, % of the 4.06 TB/s read roofline and of the 763 TFLOP/s
+  bf16 peak (SPEC section 7), the workspace and the command that reproduces the row. A row also
+  fails if the device's free memory changes over its timed calls. The workspace of a T = 16384
+  call is reported per shape (at most 2.5 GB for k = 16).
+  --tokens, --routing, --experts  replace the token counts, routings, expert counts of the shapes
+  --csv FILE    the rows as CSV
+  --dump DIR    weights, inputs and mxmoe's outputs for the peers (bench/peers/, `make bench`)
+  --dry-run     the rows' routing statistics, bytes, FLOPs and floors, without a GPU
+  Without the CUDA backend it refuses (exit 1). Exit 2 when a row failed.
+
 Exit status: 0 on success; 1 when the input or the arguments are refused (one line on stderr
 naming the tensor, field or option and what was expected); 2 on internal or device errors.
 )";
@@ -88,6 +109,7 @@ int main(int argc, char** argv) {
   else if (cmd == "info") st = mxmoe::cli::CmdInfo(args);
   else if (cmd == "make-checkpoint") st = mxmoe::cli::CmdMakeCheckpoint(args);
   else if (cmd == "make-input") st = mxmoe::cli::CmdMakeInput(args);
+  else if (cmd == "bench") st = mxmoe::cli::CmdBench(args);
   else st = mxmoe::Status::Invalid("unknown command '" + cmd + "' (see mxmoe --help)");
   if (st.ok()) return 0;
   std::fprintf(stderr, "mxmoe %s: %s\n", cmd.c_str(), st.ToString().c_str());
