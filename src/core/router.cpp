@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "core/router_math.h"
+
 namespace mxmoe {
 
 Status KimiK3Route(const float* logits, const float* correction_bias, int64_t num_tokens,
@@ -39,7 +41,8 @@ Status KimiK3Route(const float* logits, const float* correction_bias, int64_t nu
   for (int64_t t = 0; t < t_count; ++t) {
     const float* row = logits + t * e_count;
     for (int64_t e = 0; e < e_count; ++e) {
-      score[e] = 1.0f / (1.0f + std::exp(-row[e]));
+      // router_sigmoid, not expf: the CUDA router computes the same bits (see router_math.h).
+      score[e] = router_sigmoid(row[e]);
       biased[e] = score[e] + correction_bias[e];
     }
     std::iota(order.begin(), order.end(), 0);
