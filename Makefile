@@ -38,6 +38,17 @@ test-gpu:
 	cmake --build $(GPU_BUILD_DIR) -j $(JOBS)
 	ctest --test-dir $(GPU_BUILD_DIR) -L gpu --output-on-failure
 
+# On the GPU machine: build the CLI like test-gpu (no installs), then bench/run.sh: the sweep
+# (`mxmoe bench`, every row checked before it is timed), the plain PyTorch peer on the same inputs,
+# and the report (ratio per row, issue 5's targets, roofline plot). Results in BENCH_OUT;
+# BENCH_ARGS="--shapes kimi-k3 --tokens 1,32" narrows the sweep.
+BENCH_OUT ?= $(GPU_BUILD_DIR)/bench
+BENCH_ARGS ?=
+bench:
+	cmake -S . -B $(GPU_BUILD_DIR) $(GENERATOR) -DCMAKE_BUILD_TYPE=Release -DMXMOE_CUDA=ON -DMXMOE_CUDA_ARCHS=90a $(CMAKE_FLAGS)
+	cmake --build $(GPU_BUILD_DIR) -j $(JOBS) --target mxmoe_cli
+	bash bench/run.sh $(GPU_BUILD_DIR) $(BENCH_OUT) $(BENCH_ARGS)
+
 clean:
 	rm -rf $(BUILD_DIR) $(GPU_BUILD_DIR) build-asan
 

@@ -11,7 +11,6 @@
 #include "core/parallel.h"
 #include "mxmoe/checkpoint.h"
 #include "mxmoe/formats.h"
-#include "mxmoe/safetensors.h"
 
 namespace mxmoe::bench {
 
@@ -212,31 +211,59 @@ Status Dump::WriteLayer(const BenchLayer& layer, const ExpertSet& experts) {
   if (!enabled()) return Status::Ok();
   if (!experts.slice.IsFull()) return Status::Internal("Dump::WriteLayer: the dump holds whole layers only");
   MXMOE_RETURN_IF_ERROR(MakeDir(dir_ + "/" + layer.name));
-  const std::string rel = layer.name + "/weights.safetensors";
-  // The tensors point into `experts`: nothing is copied on the way to the file.
-  std::vector<TensorToWrite> tensors;
-  tensors.reserve(experts.experts.size() * 8);
-  const auto add_matrix = [&](const std::string& prefix, const Mxfp4Matrix& m) {
-    tensors.push_back({prefix + ".weight_packed", DType::kU8, {m.rows, m.cols / 2}, m.packed.data(), m.packed.size()});
-    tensors.push_back(
-        {prefix + ".weight_scale", DType::kU8, {m.rows, m.cols / kMxBlock}, m.scales.data(), m.scales.size()});
-  };
-  for (size_t e = 0; e < experts.experts.size(); ++e) {
-    const ExpertWeights& w = experts.experts[e];
-    const std::string prefix = "experts." + std::to_string(e);
-    add_matrix(prefix + ".w1", w.w1);
-    add_matrix(prefix + ".w3", w.w3);
-    add_matrix(prefix + ".w2", w.w2);
-    const auto add_bias = [&](const char* name, const std::vector<float>& b) {
-      if (!b.empty())
-        tensors.push_back({prefix + "." + name, DType::kF32, {static_cast<int64_t>(b.size())}, b.data(), b.size() * 4});
-    };
-    add_bias("gate_bias", w.gate_bias);
-    add_bias("up_bias", w.up_bias);
-  }
-  MXMOE_RETURN_IF_ERROR(WriteSafetensors(dir_ + "/" + rel, tensors));
-
+  // The weights as raw bytes, expert after expert, each expert's tensors in the order the manifest
+  // lists: no header to build, and no fsync (unlike WriteSafetensors): the file is scratch data
+  // for the peers, and forcing Kimi-K3's 15.7 GB to disk would cost more than the whole sweep.
+  const std::string rel = layer.name + "/weights.bin", path = dir_ + "/" + rel;
   const LayerShape& s = layer.shape;
+  const int64_t i_dim = s.intermediate, k_dim = s.hidden;
+  JsonValue tensors = JsonValue::MakeArray();
+  const auto describe = [&](const char* name, const char* dtype, int64_t rows, int64_t cols) {
+    JsonValue t = JsonValue::MakeObject();
+    t.Set("name", JsonValue::String(name));
+    t.Set("dtype", JsonValue::String(dtype));
+    JsonValue shape = JsonValue::MakeArray();
+    shape.Append(JsonValue::Integer(rows));
+    if (cols > 0) shape.Append(JsonValue::Integer(cols));
+    t.Set("shape", std::move(shape));
+    tensors.Append(std::move(t));
+  };
+  describe("w1.weight_packed", "U8", i_dim, k_dim / 2);
+  describe("w1.weight_scale", "U8", i_dim, k_dim / kMxBlock);
+  describe("w3.weight_packed", "U8", i_dim, k_dim / 2);
+  describe("w3.weight_scale", "U8", i_dim, k_dim / kMxBlock);
+  describe("w2.weight_packed", "U8", k_dim, i_dim / 2);
+  describe("w2.weight_scale", "U8", k_dim, i_dim / kMxBlock);
+  if (layer.with_bias) {
+    describe("gate_bias", "F32", i_dim, 0);
+    describe("up_bias", "F32", i_dim, 0);
+  }
+  for (const ExpertWeights& w : experts.experts)
+    if (layer.with_bias && (w.gate_bias.size() != static_cast<size_t>(i_dim) || w.up_bias.size() != static_cast<size_t>(i_dim)))
+      return Status::Internal("Dump::WriteLayer: " + layer.name + " has experts without [I] gate and up biases");
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) return Status::Io("--dump: " + path + ": " + std::strerror(errno));
+  bool ok = true;
+  const auto put = [&](const void* data, size_t bytes) {
+    ok = ok && std::fwrite(data, 1, bytes, f) == bytes;
+  };
+  for (const ExpertWeights& w : experts.experts) {
+    for (const Mxfp4Matrix* m : {&w.w1, &w.w3, &w.w2}) {
+      put(m->packed.data(), m->packed.size());
+      put(m->scales.data(), m->scales.size());
+    }
+    if (layer.with_bias) {
+      put(w.gate_bias.data(), w.gate_bias.size() * 4);
+      put(w.up_bias.data(), w.up_bias.size() * 4);
+    }
+  }
+  const int write_errno = errno;
+  if (std::fclose(f) != 0) ok = false;
+  if (!ok) {
+    std::remove(path.c_str());
+    return Status::Io("--dump: writing " + path + " failed: " + std::strerror(write_errno));
+  }
+
   const ActParams& p = experts.activation.params;
   JsonValue l = JsonValue::MakeObject();
   l.Set("name", JsonValue::String(layer.name));
@@ -251,6 +278,7 @@ Status Dump::WriteLayer(const BenchLayer& layer, const ExpertSet& experts) {
   l.Set("limit", JsonValue::Number(p.limit));
   l.Set("with_bias", JsonValue::Bool(layer.with_bias));
   l.Set("weights", JsonValue::String(rel));
+  l.Set("expert_tensors", std::move(tensors));
   layers_.Append(std::move(l));
   return WriteManifest();
 }

@@ -104,9 +104,11 @@ class RowWriter {
 };
 
 // The files a peer reads (bench/peers/*.py), under `dir`:
-//   manifest.json                              the layers (shape, activation, weights file) and rows
-//   <layer>/weights.safetensors                experts.{e}.w{1,2,3}.weight_packed / .weight_scale
-//                                              (U8, checkpoint layout), .gate_bias / .up_bias (F32)
+//   manifest.json                              the layers (shape, activation, weights file and the
+//                                              tensors of one expert in it) and the rows
+//   <layer>/weights.bin                        raw: expert after expert, w1 / w3 / w2 weight_packed
+//                                              and weight_scale (U8, checkpoint layout), then
+//                                              gate_bias and up_bias (F32) where the layer has them
 //   <layer>/<routing>_T<T>.input.safetensors   hidden_states, topk_ids, topk_weights (rotation 0)
 //   <layer>/<routing>_T<T>.output.safetensors  mxmoe's output (F32) for that input, when it passed
 class Dump {
@@ -132,8 +134,8 @@ class Dump {
 Status RunDry(const SweepOptions& opt, int* failures);
 
 // The sweep on device 0 (bench/gpu_bench.cpp); refuses in a build without the CUDA backend.
-// *failures counts rows whose check failed, that allocated device memory while timed, or that
-// could not run, and a workspace over the limit.
+// *failures counts rows whose check failed, during whose timed calls the device's free memory
+// fell, or that could not run, and a workspace over the limit.
 Status RunOnGpu(const SweepOptions& opt, int* failures);
 
 // Progress lines on stderr ("[kimi-k3] ..."), so that stdout holds only the table.

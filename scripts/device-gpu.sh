@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # On the GPU machine (no installs there): configure for sm_90a, build the GPU suite and the
-# benchmark, check registers/SASS, run the GPU tests, a compute-sanitizer pass on a small case,
-# and the benchmark. Full logs go to $OUT (or ./device-out); a short table is printed last.
+# CLI (its `mxmoe bench` is the benchmark), check registers/SASS, run the GPU tests, a
+# compute-sanitizer pass on a small case, and the benchmark. Full logs go to $OUT (or
+# ./device-out); a short table is printed last.
 #   scripts/device-gpu.sh [all|build|test|sanitize|bench|profile|bench2] ...   (default: all)
-#   GTEST_FILTER=... narrows the suite; BENCH_ARGS="--tokens 1,8" narrows the benchmark.
+#   GTEST_FILTER=... narrows the suite; BENCH_ARGS="--shapes kimi-k3 --tokens 1,8" narrows the
+#   benchmark (default: the whole sweep of `make bench`, with the PyTorch peer and the report).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/device-out}
@@ -22,7 +24,7 @@ if want build || want test || want sanitize || want bench || want profile || wan
   t0=$(secs)
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMXMOE_CUDA=ON -DMXMOE_CUDA_ARCHS=90a \
     -DCMAKE_CUDA_FLAGS="-Xptxas -v" >"$OUT/configure.log" 2>&1 || { note "configure FAILED"; tail -20 "$OUT/configure.log"; exit 1; }
-  cmake --build "$BUILD" -j16 --target mxmoe_gpu_tests mxmoe_bench_cuda >"$OUT/build.log" 2>&1 \
+  cmake --build "$BUILD" -j16 --target mxmoe_gpu_tests mxmoe_cli >"$OUT/build.log" 2>&1 \
     || { note "build FAILED"; grep -E "error" "$OUT/build.log" | head -20; exit 1; }
   note "build: ok in $(( $(secs) - t0 )) s"
   # Registers / spills of the GEMM kernels, and the SASS instructions they are meant to use.
@@ -55,17 +57,20 @@ if want sanitize; then
 fi
 
 if want bench; then
+  # The sweep, the PyTorch peer on the same inputs and the report (bench/run.sh, as `make bench`).
   t0=$(secs)
-  timeout "${BENCH_TIMEOUT:-300}" "$BUILD/bin/mxmoe_bench_cuda" --csv "$OUT/bench.csv" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" >/dev/null
+  timeout "${BENCH_TIMEOUT:-360}" bash bench/run.sh "$BUILD" "$OUT/bench" ${BENCH_ARGS:-} >"$OUT/bench.log" 2>&1
   note "bench: rc=$? in $(( $(secs) - t0 )) s"
-  grep -E "^device|^layer|^ +T |^ +[0-9]+ |reproduce" "$OUT/bench.log" | tee -a "$SUMMARY" >/dev/null
+  grep -E "^device|FAILED|^workspace|^  rows|^== make bench" "$OUT/bench.log" | tee -a "$SUMMARY" >/dev/null
+  [ -f "$OUT/bench/report.txt" ] && tee -a "$SUMMARY" < "$OUT/bench/report.txt" >/dev/null
 fi
 
 if want profile; then
   # One FC1 launch of the prefill config under Nsight Compute (clocks left alone).
   t0=$(secs)
   timeout 120 ncu --clock-control none -k regex:MoeGemmKernel -c 1 --section SpeedOfLight --section WarpStateStats \
-    --section Occupancy --section ComputeWorkloadAnalysis "$BUILD/bin/mxmoe_bench_cuda" --experts 128 --tokens 4096 --repeats 1 \
+    --section Occupancy --section ComputeWorkloadAnalysis "$BUILD/bin/mxmoe" bench --shapes kimi-k3 --routing uniform \
+    --experts 128 --tokens 4096 --repeats 1 --warmup 0 --no-graph \
     >"$OUT/ncu.log" 2>&1
   note "ncu: rc=$? in $(( $(secs) - t0 )) s"
   grep -E "Compute \(SM\) Throughput|Memory Throughput|Duration|Achieved Occupancy|Theoretical Occupancy|Registers Per|Stall|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc A" "$OUT/ncu.log" | head -30 | tee -a "$SUMMARY" >/dev/null
@@ -73,9 +78,9 @@ fi
 
 if want bench2; then
   t0=$(secs)
-  MXMOE_GEMM_CONFIG=n32 timeout 120 "$BUILD/bin/mxmoe_bench_cuda" --tokens 4096,16384 2>&1 | tee "$OUT/bench_n32.log" >/dev/null
+  MXMOE_GEMM_CONFIG=n32 timeout 120 "$BUILD/bin/mxmoe" bench --shapes kimi-k3 --routing uniform --tokens 4096,16384 2>&1 | tee "$OUT/bench_n32.log" >/dev/null
   note "bench (forced n32): rc=$? in $(( $(secs) - t0 )) s"
-  grep -E "^ +[0-9]+ " "$OUT/bench_n32.log" | sed 's/^/n32: /' | tee -a "$SUMMARY" >/dev/null
+  grep -E "^kimi-k3 " "$OUT/bench_n32.log" | sed 's/^/n32: /' | tee -a "$SUMMARY" >/dev/null
 fi
 
 echo

@@ -3,17 +3,24 @@
 // leaves no output file.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/compare.h"
 #include "mxmoe/checkpoint.h"
+#include "mxmoe/cuda.h"
 #include "mxmoe/formats.h"
+#include "mxmoe/json.h"
 #include "mxmoe/safetensors.h"
+#include "mxmoe/synthetic.h"
 
 namespace mxmoe {
 namespace {
@@ -260,6 +267,160 @@ TEST_F(CliTest, ExistingOutputIsKeptOnFailure) {
                           " --ep-size 3 --output " + Path("keep.safetensors"));
   EXPECT_EQ(r.rc, 1);
   EXPECT_EQ(ReadAll(Path("keep.safetensors")), "previous");
+}
+
+// ---- mxmoe bench (the sweep itself needs a GPU: here its refusal, options, plan and dump) ----
+
+// CSV rows as maps from the header's column names.
+std::vector<std::map<std::string, std::string>> ReadCsv(const std::string& text) {
+  std::vector<std::vector<std::string>> lines;
+  std::stringstream ss(text);
+  for (std::string line; std::getline(ss, line);) {
+    std::vector<std::string> cells;
+    std::stringstream ls(line);
+    for (std::string cell; std::getline(ls, cell, ',');) cells.push_back(cell);
+    if (!line.empty() && line.back() == ',') cells.emplace_back();
+    lines.push_back(cells);
+  }
+  std::vector<std::map<std::string, std::string>> rows;
+  for (size_t i = 1; i < lines.size(); ++i) {
+    std::map<std::string, std::string> row;
+    for (size_t c = 0; c < lines[0].size() && c < lines[i].size(); ++c) row[lines[0][c]] = lines[i][c];
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+TEST_F(CliTest, BenchHelpAndRefusalWithoutGpu) {
+  CliResult r = Cli("bench --help");
+  EXPECT_EQ(r.rc, 0);
+  for (const char* s : {"mxmoe bench", "--shapes", "--tokens", "--routing", "--dry-run", "--dump", "--csv"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s;
+  if (!CudaDevices().empty()) GTEST_SKIP() << "a CUDA device is visible: the sweep would run";
+  // Without the CUDA backend, or with it and no device: exit 1 before any work, one line saying
+  // why, no CSV.
+  r = Cli("bench --shapes kimi-k3 --tokens 1 --csv " + Path("rows.csv"));
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_NE(r.err.find(CudaBuilt() ? "no CUDA device" : "no CUDA backend"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--dry-run"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_FALSE(fs::exists(Path("rows.csv")));
+}
+
+TEST_F(CliTest, BenchRefusesBadOptionsByName) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"--shapes kimi-k2", "--shapes"},          {"--shapes kimi-k3,kimi-k3", "given twice"},
+      {"--tokens 0", "--tokens"},                {"--tokens 1,,8", "--tokens"},
+      {"--tokens 1,x", "--tokens"},              {"--routing sorted", "--routing"},
+      {"--repeats 0", "--repeats"},              {"--shapes kimi-k3 --experts 8", "--experts"},
+      {"--check-tokens -1", "--check-tokens"},   {"--no-graph=1", "--no-graph"},
+      {"--dry-run --csv /nonexistent/dir/rows.csv", "--csv"},
+  };
+  for (const auto& [args, needle] : cases) {
+    const CliResult r = Cli(std::string("bench ") + args);
+    EXPECT_EQ(r.rc, 1) << args << "\nstderr: " << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << args << ": stderr lacks '" << needle << "': " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
+  }
+}
+
+// The plan's yardsticks are SPEC section 7's: Kimi-K3 at T = 1 touches 16 experts, 281 MB, 69 µs at
+// 4.06 TB/s; at T = 32 about 390 experts, 6.8 GB, 1.7 ms.
+TEST_F(CliTest, BenchDryRunYardsticksAreSpecSection7s) {
+  const CliResult r = Cli("bench --dry-run --shapes kimi-k3 --routing uniform,heavy_hitters --tokens 1,32 --csv " +
+                          Path("plan.csv"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto rows = ReadCsv(ReadAll(Path("plan.csv")));
+  ASSERT_EQ(rows.size(), 4u);
+  const auto& t1 = rows[0];
+  EXPECT_EQ(t1.at("layer"), "kimi-k3");
+  EXPECT_EQ(t1.at("routing"), "uniform");
+  EXPECT_EQ(t1.at("tokens"), "1");
+  EXPECT_EQ(std::stod(t1.at("experts_touched")), 16);
+  EXPECT_EQ(std::stod(t1.at("pairs")), 16);
+  EXPECT_NEAR(std::stod(t1.at("bytes")) / 1e6, 281, 0.5);  // 16 x 17.55 MB + 14 KB of activations
+  EXPECT_NEAR(std::stod(t1.at("floor_us")), 69, 0.5);
+  EXPECT_NEAR(std::stod(t1.at("flops")), 2.0 * 16 * 3 * 3072 * 3584, 1);
+  EXPECT_EQ(t1.at("bound"), "memory");
+  EXPECT_EQ(t1.at("us"), "");  // nothing timed
+  EXPECT_EQ(t1.at("check"), "not run");
+  EXPECT_EQ(t1.at("command"), "mxmoe bench --shapes kimi-k3 --routing uniform --tokens 1");
+  const auto& t32 = rows[1];
+  EXPECT_NEAR(std::stod(t32.at("experts_touched")), 390, 25);
+  EXPECT_EQ(std::stod(t32.at("pairs")), 32 * 16);
+  EXPECT_NEAR(std::stod(t32.at("bytes")) / 1e9, 6.8, 0.4);
+  EXPECT_NEAR(std::stod(t32.at("floor_us")) / 1e3, 1.7, 0.1);
+  // Skewed routing: half of each token's picks go to a few experts, so fewer experts are touched.
+  const auto& skew32 = rows[3];
+  EXPECT_EQ(skew32.at("routing"), "heavy_hitters");
+  EXPECT_LT(std::stod(skew32.at("experts_touched")), std::stod(t32.at("experts_touched")) * 0.75);
+  EXPECT_EQ(std::stod(skew32.at("pairs")), 32 * 16);
+  // The table holds the same rows, each followed by its command.
+  EXPECT_NE(r.out.find("$ mxmoe bench --shapes kimi-k3 --routing heavy_hitters --tokens 32"), std::string::npos)
+      << r.out;
+}
+
+// The dump the peers read: the layer's weights byte for byte as MakeSyntheticExperts makes them,
+// in the order the manifest lists, and each row's input.
+TEST_F(CliTest, BenchDumpHoldsTheLayerAndInputsThePeersRead) {
+  const CliResult r = Cli("bench --dry-run --shapes gpt-oss-120b --experts 4 --tokens 3,5 --seed 9 --dump " +
+                          Path("dump"));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  JsonValue manifest;
+  ASSERT_TRUE(ReadJsonFile(Path("dump/manifest.json"), &manifest).ok());
+  ASSERT_EQ(manifest.Find("layers")->AsArray().size(), 1u);
+  const JsonValue& layer = manifest.Find("layers")->AsArray()[0];
+  EXPECT_EQ(layer.Find("activation")->AsString(), "SwigluBias");
+  EXPECT_TRUE(layer.Find("with_bias")->AsBool());
+  const LayerShape shape{4, 2880, 2880, 4};
+  EXPECT_EQ(layer.Find("num_experts")->AsInt(), shape.num_experts);
+  EXPECT_EQ(layer.Find("top_k")->AsInt(), shape.top_k);
+
+  ExpertSet want;
+  ActivationSpec act;
+  act.type = ActivationType::SwigluBias;
+  SyntheticOptions opt;
+  opt.seed = 9;
+  opt.with_bias = true;
+  ASSERT_TRUE(MakeSyntheticExperts(shape, act, {}, opt, &want).ok());
+  std::string expected;
+  for (const ExpertWeights& w : want.experts) {
+    for (const Mxfp4Matrix* m : {&w.w1, &w.w3, &w.w2}) {
+      expected.append(reinterpret_cast<const char*>(m->packed.data()), m->packed.size());
+      expected.append(reinterpret_cast<const char*>(m->scales.data()), m->scales.size());
+    }
+    expected.append(reinterpret_cast<const char*>(w.gate_bias.data()), w.gate_bias.size() * 4);
+    expected.append(reinterpret_cast<const char*>(w.up_bias.data()), w.up_bias.size() * 4);
+  }
+  const std::string got = ReadAll(Path("dump/" + layer.Find("weights")->AsString()));
+  EXPECT_EQ(got.size(), expected.size());
+  EXPECT_TRUE(got == expected) << "weights.bin differs from the synthetic layer";
+  // The manifest's tensor list adds up to one expert's bytes, in the file's order.
+  const auto& tensors = layer.Find("expert_tensors")->AsArray();
+  ASSERT_EQ(tensors.size(), 8u);
+  EXPECT_EQ(tensors[0].Find("name")->AsString(), "w1.weight_packed");
+  EXPECT_EQ(tensors[7].Find("name")->AsString(), "up_bias");
+  size_t per_expert = 0;
+  for (const JsonValue& t : tensors) {
+    size_t n = t.Find("dtype")->AsString() == "F32" ? 4 : 1;
+    for (const JsonValue& d : t.Find("shape")->AsArray()) n *= static_cast<size_t>(d.AsInt());
+    per_expert += n;
+  }
+  EXPECT_EQ(per_expert * 4, expected.size());
+
+  const auto& rows = manifest.Find("rows")->AsArray();
+  ASSERT_EQ(rows.size(), 2u);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int64_t t = i == 0 ? 3 : 5;
+    EXPECT_EQ(rows[i].Find("tokens")->AsInt(), t);
+    EXPECT_TRUE(rows[i].Find("output")->is_null());  // a dry run computes nothing
+    HostMoeInput in;
+    const Status st = ReadMoeInputFile(Path("dump/" + rows[i].Find("input")->AsString()), shape, &in);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_EQ(in.num_tokens, t);
+    for (int32_t id : in.topk_ids) EXPECT_TRUE(id >= 0 && id < shape.num_experts) << id;
+  }
 }
 
 }  // namespace
