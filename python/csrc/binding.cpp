@@ -700,11 +700,12 @@ size_t WorkspaceSize(const PreparedExperts& p, int64_t max_tokens) {
 // Router
 
 void KimiK3Route(nb::handle logits_h, nb::handle bias_h, int64_t top_k, float factor, nb::handle ids_h,
-                 nb::handle weights_h) {
+                 nb::handle weights_h, uintptr_t stream) {
   Tensor logits = AsTensor(logits_h, "logits");
-  ExpectDType(logits, "logits", {kF32}, "router logits");
+  ExpectDType(logits, "logits", {kF32, kBF16, kU16}, "router logits; uint16 holds bf16 bits");
   ExpectNdim(logits, "logits", 2, "[num_tokens, num_experts]");
   const int64_t t_count = static_cast<int64_t>(logits.shape(0)), e_count = static_cast<int64_t>(logits.shape(1));
+  const bool f32 = Is(logits, kF32);
   Tensor bias = AsTensor(bias_h, "correction_bias");
   ExpectDType(bias, "correction_bias", {kF32}, "e_score_correction_bias");
   ExpectShape(bias, "correction_bias", {e_count});
@@ -716,22 +717,43 @@ void KimiK3Route(nb::handle logits_h, nb::handle bias_h, int64_t top_k, float fa
   Tensor weights = AsTensor(weights_h, "topk_weights");
   ExpectDType(weights, "topk_weights", {kF32}, "output weights");
   ExpectShape(weights, "topk_weights", {t_count, top_k});
+  // Where the logits are decides the backend; everything else must be there too.
+  const bool cuda = logits.device_type() == nb::device::cuda::value;
+  if (!cuda && logits.device_type() != nb::device::cpu::value)
+    Invalid("logits: is on " + DeviceStr(logits.device_type(), logits.device_id()) +
+            "; kimi_k3_router runs on the CPU or a CUDA device");
+  const std::string where = DeviceStr(logits.device_type(), logits.device_id());
   for (const auto& [t, name] : std::vector<std::pair<const Tensor*, const char*>>{
            {&logits, "logits"}, {&bias, "correction_bias"}, {&ids, "topk_ids"}, {&weights, "topk_weights"}}) {
     ExpectContiguous(*t, name);
-    if (t->device_type() != nb::device::cpu::value)
-      Invalid(std::string(name) + ": is on " + DeviceStr(t->device_type(), t->device_id()) +
-              "; kimi_k3_router runs on the CPU");
+    if (t->device_type() != logits.device_type() || (cuda && t->device_id() != logits.device_id()))
+      Invalid(std::string(name) + ": is on " + DeviceStr(t->device_type(), t->device_id()) + " but logits are on " +
+              where);
   }
   mxmoe::RouterOptions options;
   options.top_k = top_k;
   options.routed_scaling_factor = factor;
+  auto* ids_ptr = static_cast<int32_t*>(const_cast<void*>(ids.data()));
+  auto* weights_ptr = static_cast<float*>(const_cast<void*>(weights.data()));
+  const auto* bias_ptr = static_cast<const float*>(bias.data());
   Status s;
-  {
+  if (cuda) {
+    // On the caller's stream: no synchronization, nothing allocated (graph-capturable).
     nb::gil_scoped_release release;
-    s = mxmoe::KimiK3Route(static_cast<const float*>(logits.data()), static_cast<const float*>(bias.data()),
-                           t_count, e_count, options, static_cast<int32_t*>(const_cast<void*>(ids.data())),
-                           static_cast<float*>(const_cast<void*>(weights.data())));
+    s = mxmoe::KimiK3RouteCuda(logits.data(), f32 ? mxmoe::RouterLogits::kF32 : mxmoe::RouterLogits::kBF16,
+                               bias_ptr, t_count, e_count, options, ids_ptr, weights_ptr,
+                               static_cast<int>(logits.device_id()), reinterpret_cast<void*>(stream));
+  } else {
+    nb::gil_scoped_release release;
+    std::vector<float> widened;  // bf16 logits widen exactly: the CPU router reads f32
+    const float* logits_ptr = static_cast<const float*>(logits.data());
+    if (!f32) {
+      const auto* bits = static_cast<const uint16_t*>(logits.data());
+      widened.resize(static_cast<size_t>(t_count * e_count));
+      for (size_t i = 0; i < widened.size(); ++i) widened[i] = mxmoe::bf16_to_float(bits[i]);
+      logits_ptr = widened.data();
+    }
+    s = mxmoe::KimiK3Route(logits_ptr, bias_ptr, t_count, e_count, options, ids_ptr, weights_ptr);
   }
   Check(s);
 }
@@ -821,5 +843,5 @@ NB_MODULE(_mxmoe, m) {
   m.def("workspace_size", &WorkspaceSize, "experts"_a, "max_tokens"_a);
 
   m.def("kimi_k3_route", &KimiK3Route, "logits"_a.none(), "correction_bias"_a.none(), "top_k"_a,
-        "routed_scaling_factor"_a, "topk_ids"_a.none(), "topk_weights"_a.none());
+        "routed_scaling_factor"_a, "topk_ids"_a.none(), "topk_weights"_a.none(), "stream"_a);
 }

@@ -96,3 +96,49 @@ def test_empty_and_errors():
         mxmoe.kimi_k3_router(logits.astype(np.float64), np.zeros(16, np.float32), top_k=4)
     with pytest.raises(ValueError, match=r"^top_k:"):
         mxmoe.kimi_k3_router(logits, np.zeros(16, np.float32), top_k=0)
+
+
+def test_bf16_logits_equal_their_f32_values():
+    # bf16 logits (numpy: their bits as uint16) widen exactly: the f32 router on the widened values.
+    rng = np.random.default_rng(3)
+    logits = (rng.normal(size=(9, 96)) * 3).astype(np.float32)
+    bits = mxmoe.float32_to_bf16(logits)
+    bias = rng.choice(np.float32([0.0, 0.25]), size=96).astype(np.float32)
+    ids, w = mxmoe.kimi_k3_router(bits, bias, top_k=8, routed_scaling_factor=2.5)
+    want_ids, want_w = mxmoe.kimi_k3_router(mxmoe.bf16_to_float32(bits), bias, top_k=8, routed_scaling_factor=2.5)
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_array_equal(w, want_w)
+
+
+def test_outputs_given_are_filled():
+    logits = np.random.default_rng(4).normal(size=(5, 32)).astype(np.float32)
+    bias = np.zeros(32, np.float32)
+    ids = np.full((5, 4), -7, np.int32)
+    w = np.full((5, 4), np.nan, np.float32)
+    got_ids, got_w = mxmoe.kimi_k3_router(logits, bias, top_k=4, topk_ids=ids, topk_weights=w)
+    assert got_ids is ids and got_w is w
+    want_ids, want_w = mxmoe.kimi_k3_router(logits, bias, top_k=4)
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_array_equal(w, want_w)
+    with pytest.raises(ValueError, match=r"^topk_ids: expected shape \[5, 4\], got \[5, 3\]"):
+        mxmoe.kimi_k3_router(logits, bias, top_k=4, topk_ids=np.zeros((5, 3), np.int32))
+    read_only = np.zeros((5, 4), np.float32)
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError, match=r"^topk_weights: is read-only"):
+        mxmoe.kimi_k3_router(logits, bias, top_k=4, topk_weights=read_only)
+
+
+def test_scores_follow_the_sigmoid_closely():
+    # Every expert picked (k = E): each weight over the weight of a score-1 expert (logit 100) is
+    # that expert's sigmoid score up to two divisions' rounding, which pins the scores to the exact
+    # sigmoid across the range (kept above -80, where score / sum is still a normal float), and the
+    # cut-offs: 1 from 20 up, 0 from -87 down.
+    logits = np.concatenate([np.linspace(-80.0, 19.9, 1000), [25.0, 100.0, -87.5, -300.0]]).astype(np.float32)[None]
+    e = logits.shape[1]
+    ids, w = mxmoe.kimi_k3_router(logits, np.zeros(e, np.float32), top_k=e)
+    exact = 1.0 / (1.0 + np.exp(-logits[0].astype(np.float64)))
+    exact[logits[0] >= 20] = 1.0
+    exact[logits[0] <= -87] = 0.0
+    ref_slot = int(np.flatnonzero(ids[0] == 1001)[0])  # the expert with logit 100
+    ratio = w[0].astype(np.float64) / np.float64(w[0, ref_slot])
+    np.testing.assert_allclose(ratio, exact[ids[0]], rtol=5e-7, atol=0)

@@ -24,6 +24,7 @@ from .experts import (
 from .formats import bf16_to_float32, float32_to_bf16
 from .ops import fused_moe, reference_moe, workspace_size
 from .router import kimi_k3_router
+from . import flashinfer  # mxmoe.flashinfer.cutlass_fused_moe: FlashInfer's call, served by mxmoe
 
 __version__ = _C.__version__
 
@@ -47,7 +48,7 @@ __all__ = [
     "ActivationType", "GATED", "IMPLEMENTED", "activation_type", "is_gated", "is_implemented",
     "PreparedExperts", "prepare_experts", "FC1_LAYOUTS",
     "fused_moe", "reference_moe", "workspace_size",
-    "kimi_k3_router", "select_backend", "BackendChoice",
+    "kimi_k3_router", "select_backend", "BackendChoice", "flashinfer",
     "synthetic_experts", "synthetic_weights", "synthetic_input", "ROUTING_PATTERNS",
     "bf16_to_float32", "float32_to_bf16", "cuda_built", "cuda_archs", "cuda_devices", "__version__",
 ]

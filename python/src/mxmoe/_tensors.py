@@ -172,6 +172,6 @@ def stream_of(ref: Any, stream: Any) -> int:
     return 0
 
 
-def check_writable(out: Any) -> None:
+def check_writable(out: Any, name: str = "out") -> None:
     if isinstance(out, np.ndarray) and not out.flags.writeable:
-        raise ValueError("out: is read-only")
+        raise ValueError(f"{name}: is read-only")
