@@ -70,3 +70,53 @@ def test_router_torch():
     np.testing.assert_array_equal(ids.numpy(), want_ids)
     np.testing.assert_array_equal(w.numpy(), want_w)
 
+
+
+def test_router_bf16_logits_torch():
+    logits = torch.randn(6, 64).to(torch.bfloat16)
+    bias = torch.zeros(64)
+    ids, w = mxmoe.kimi_k3_router(logits, bias, top_k=8)
+    want_ids, want_w = mxmoe.kimi_k3_router(logits.float().numpy(), bias.numpy(), top_k=8)
+    np.testing.assert_array_equal(ids.numpy(), want_ids)
+    np.testing.assert_array_equal(w.numpy(), want_w)
+
+
+def test_flashinfer_entry_torch_cpu_and_weight_reload(situ_weights):
+    # FlashInfer's dtypes (float8_e4m3fn input, int64 weights as fresh views of a parameter every
+    # call, int32 scales) give the numpy path's bits; a write into the weights through torch (a
+    # reload) is seen at the next call, which prepares again.
+    from mxmoe import ActivationType
+    from mxmoe.flashinfer import cutlass_fused_moe
+    from test_flashinfer import flashinfer_weights, mxfp8_input
+
+    mxmoe.flashinfer.clear_cache()
+    codes, scales, ids, tw = mxfp8_input(7, seed=41)
+    fi = flashinfer_weights(situ_weights)
+    args = dict(input_sf=scales, swizzled_input_sf=False, use_mxfp8_act_scaling=True,
+                activation_type=ActivationType.Situ)
+    want = cutlass_fused_moe(codes, ids, tw, output_dtype=np.float32, **fi, **args)[0]
+
+    fc1 = torch.nn.Parameter(torch.from_numpy(fi["fc1_expert_weights"].view(np.uint8).copy()), requires_grad=False)
+    fc2 = torch.from_numpy(fi["fc2_expert_weights"])
+    quant_scales = [torch.from_numpy(q) for q in fi["quant_scales"]]
+    x8 = torch.from_numpy(codes).view(torch.float8_e4m3fn)
+    targs = dict(args, input_sf=torch.from_numpy(scales))
+
+    def run():
+        return cutlass_fused_moe(x8, torch.from_numpy(ids), torch.from_numpy(tw), fc1.view(torch.long), fc2,
+                                 torch.float32, quant_scales, **targs)[0]
+
+    before = mxmoe.flashinfer._CACHE.prepares
+    a = run()
+    assert a.dtype == torch.float32
+    np.testing.assert_array_equal(a.numpy(), want)
+    run()
+    assert mxmoe.flashinfer._CACHE.prepares == before + 1
+    swapped = dict(situ_weights, w1=situ_weights["w3"], w3=situ_weights["w1"], w1_scale=situ_weights["w3_scale"],
+                   w3_scale=situ_weights["w1_scale"])
+    with torch.no_grad():
+        fc1.copy_(torch.from_numpy(flashinfer_weights(swapped)["fc1_expert_weights"].view(np.uint8)))
+    b = run()
+    assert mxmoe.flashinfer._CACHE.prepares == before + 2 and mxmoe.flashinfer.cache_size() == 1
+    assert not torch.equal(a, b)
+    mxmoe.flashinfer.clear_cache()
