@@ -83,24 +83,41 @@ def swizzled_size(rows: int, cols: int) -> int:
     return _pad(rows, _SF_ROW_TILE) * _pad(cols, _SF_COL_TILE)
 
 
-def _swizzle_index(xp: Any, rows: int, cols: int, **device: Any) -> Any:
-    r = xp.arange(rows, **device).reshape(rows, 1)
-    c = xp.arange(cols, **device).reshape(1, cols)
+def _swizzle_index(xp: Any, rows: int, cols: int) -> Any:
+    r = xp.arange(rows).reshape(rows, 1)
+    c = xp.arange(cols).reshape(1, cols)
     col_tiles = _pad(cols, _SF_COL_TILE) // _SF_COL_TILE
     return ((r // 128) * (col_tiles * 512) + (c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4
             + (c % 4))
 
 
+def _tiles(rows: int, cols: int) -> Tuple[int, int]:
+    return _pad(rows, _SF_ROW_TILE) // _SF_ROW_TILE, _pad(cols, _SF_COL_TILE) // _SF_COL_TILE
+
+
+def _unswizzled_view(flat: Any, batch: int, rows: int, cols: int) -> Any:
+    """[batch, rows, cols] (strided) from `flat` bytes holding `batch` swizzled matrices: the layout
+    is a tiling, [row tiles, col tiles, 32, 4 row groups, 4 cols], so a transpose undoes it (no
+    index tensor: a copy kernel at most, in any framework, graph-safe)."""
+    row_tiles, col_tiles = _tiles(rows, cols)
+    tiled = flat.reshape(batch, row_tiles, col_tiles, 32, 4, 4)
+    if _tensors.is_torch(tiled):
+        tiled = tiled.permute(0, 1, 4, 3, 2, 5)
+    else:
+        tiled = tiled.transpose(0, 1, 4, 3, 2, 5)
+    return tiled.reshape(batch, row_tiles * 128, col_tiles * 4)[:, :rows, :cols]
+
+
 def unswizzle_block_scales(swizzled: np.ndarray, rows: int, cols: int) -> np.ndarray:
-    """[..., rows, cols] linear scales from numpy bytes holding [...] matrices in the 128x4
-    swizzled layout (the last axes flattened or not; leading axes are batches)."""
+    """[batch, rows, cols] linear scales from numpy bytes holding `batch` [rows, cols] matrices in
+    the 128x4 swizzled layout (any shape; the batch is the number of matrices the bytes hold)."""
     per = swizzled_size(rows, cols)
-    flat = np.ascontiguousarray(swizzled).view(np.uint8)
+    flat = np.ascontiguousarray(swizzled).view(np.uint8).reshape(-1)
     batch = flat.size // per if per else 0
     if flat.size != batch * per:
         raise ValueError(f"swizzled scales: {flat.size} bytes is not a multiple of {per} "
                          f"(one [{rows}, {cols}] matrix padded to [{_pad(rows, 128)}, {_pad(cols, 4)}])")
-    return flat.reshape(batch, per)[:, _swizzle_index(np, rows, cols)]
+    return np.ascontiguousarray(_unswizzled_view(flat, batch, rows, cols))
 
 
 def swizzle_block_scales(linear: np.ndarray) -> np.ndarray:
@@ -119,17 +136,14 @@ def swizzle_block_scales(linear: np.ndarray) -> np.ndarray:
 
 def _unswizzle_rows(sf: Any, rows: int, cols: int) -> Any:
     """The input's [rows, cols] linear scales from its swizzled ones, on their device and in their
-    framework (a gather; allocates its index and result, as torch does under graph capture)."""
-    if _tensors.is_torch(sf):
-        torch = sys.modules["torch"]
-        flat = sf.reshape(-1)
-        idx = _swizzle_index(torch, rows, cols, device=sf.device)
-        return flat[idx]
-    if _tensors.is_cupy(sf):
-        cupy = sys.modules["cupy"]
-        with cupy.cuda.Device(sf.device.id):
-            return sf.reshape(-1)[_swizzle_index(cupy, rows, cols)]
-    return np.asarray(sf).reshape(-1)[_swizzle_index(np, rows, cols)]
+    framework (FlashInfer's buffer may be longer than the padded matrix: the rest is ignored)."""
+    flat = sf.reshape(-1)[:swizzled_size(rows, cols)]
+    view = _unswizzled_view(flat, 1, rows, cols)[0]
+    if _tensors.is_torch(view):
+        return view.contiguous()
+    if _tensors.is_cupy(view):
+        return sys.modules["cupy"].ascontiguousarray(view)
+    return np.ascontiguousarray(view)
 
 
 # ---------------------------------------------------------------------------------------------
