@@ -50,8 +50,8 @@ def print_table(rows, peers):
     for r in rows:
         us = number(r["us"])
         line = f"{r['layer']:13s} {r['routing']:13s} {int(r['tokens']):6d} "
-        if r["check"] != "ok":
-            line += f"{'FAILED':>10s} {'':6s} {r['bound']:>6s}"
+        if r["check"] != "ok":  # FAILED (no speed is printed for it), or "not run" in a dry run
+            line += f"{r['check']:>10s} {'':6s} {r['bound']:>6s}"
         else:
             line += f"{fmt(us, '10.1f')} {fmt(number(r['pct_roofline']), '6.1f')} {r['bound']:>6s}"
         for n in names:
