@@ -172,7 +172,8 @@ Status ParseDistOptions(const std::vector<std::string>& argv, const ProcessRole&
   MXMOE_RETURN_IF_ERROR(args.Int("repeat", 10, 1, 100000, &repeat));
   float tolerance;
   MXMOE_RETURN_IF_ERROR(args.Float("tolerance", 1e-5f, 0.0f, 1.0f, &tolerance));
-  MXMOE_RETURN_IF_ERROR(RoutingPatternFromName(args.Str("routing", "uniform"), &o.routing));
+  if (Status st = RoutingPatternFromName(args.Str("routing", "uniform"), &o.routing); !st.ok())
+    return Status::Invalid("--routing: " + st.message());
   o.checkpoint = args.Str("checkpoint");
   o.input = args.Str("input");
   o.output = args.Str("output");
@@ -245,9 +246,11 @@ Status ParseDistOptions(const std::vector<std::string>& argv, const ProcessRole&
       return Status::Invalid("--nproc " + std::to_string(o.nproc) + ": only " + std::to_string(visible_gpus) +
                              " GPU" + (visible_gpus == 1 ? " is" : "s are") +
                              " visible (one process per GPU; --nproc 1 computes every slice on one GPU in turn)");
+  } else if (visible_gpus == 0) {
+    return Status::Unsupported("no CUDA device is visible (rank " + std::to_string(role.rank) + ", " + role.source + ")");
   } else if (role.local_rank >= visible_gpus) {
-    return Status::Invalid("rank " + std::to_string(role.rank) + ": local rank " + std::to_string(role.local_rank) +
-                           " (" + role.source + ") but only " + std::to_string(visible_gpus) + " GPU(s) visible");
+    return Status::Invalid("local rank " + std::to_string(role.local_rank) + " (" + role.source + ") but only " +
+                           std::to_string(visible_gpus) + " GPU(s) visible");
   }
   *out = std::move(o);
   return Status::Ok();

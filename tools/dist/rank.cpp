@@ -339,7 +339,7 @@ Status RunRank(const DistOptions& opts, const ProcessRole& role, const ncclUniqu
   mine.allreduce_alone_ms = Median(alone_ms);
   mine.load_s = load_s;
   mine.sum_hash = Fnv1a64(result.data(), bytes);
-  std::snprintf(mine.device_name, sizeof(mine.device_name), "%s", prop.name);
+  std::snprintf(mine.device_name, sizeof(mine.device_name), "%.63s", prop.name);  // a longer name is cut
   std::vector<RankStats> all(role.world);
   {
     DeviceBuffer send, recv;
