@@ -75,6 +75,20 @@ __host__ __device__ constexpr int SfaLane(int row, int thread_id_a) {
   return 4 * (row % 8) + 2 * thread_id_a + row / 8;
 }
 __host__ __device__ constexpr int SfbLane(int col, int thread_id_b) { return 4 * col + thread_id_b; }
+// The inverses, for the kernels' loaders: the row of A whose scale lane `lane` provides when
+// thread-id-a selects its thread pair (-1 for a lane of the other pair), and the column of B whose
+// scale it provides for thread-id-b = lane % 4. Written as searches over SfaLane / SfbLane so
+// that those two stay the one place that encodes the reading.
+__host__ __device__ constexpr int SfaRowOfLane(int lane, int thread_id_a) {
+  for (int m = 0; m < 16; ++m)
+    if (SfaLane(m, thread_id_a) == lane) return m;
+  return -1;
+}
+__host__ __device__ constexpr int SfbColOfLane(int lane) {
+  for (int n = 0; n < 8; ++n)
+    if (SfbLane(n, lane % 4) == lane) return n;
+  return -1;
+}
 
 template <int kByteIdA, int kThreadIdA, int kByteIdB, int kThreadIdB>
 struct Mxf8f6f4Selectors {
@@ -241,6 +255,19 @@ __device__ __forceinline__ void mma_mxf8f6f4_m16n8k32_model(FragC& d, const Frag
 #define MXMOE_SM120_MMA_AVAILABLE 1
 #endif
 
+#if defined(__CUDA_ARCH__) && !defined(MXMOE_SM120_NATIVE_MMA) && defined(MXMOE_SM120_EMULATION)
+// The model out of line, operands by value, for the kernels: inlined at each of a kernel's 32 to 64
+// MMA sites it made ptxas run for more than ten minutes per kernel; called, it is compiled once.
+// The registers in and out, and so the kernels' data flow, are the same.
+static __device__ __noinline__ FragC mma_mxf8f6f4_m16n8k32_model_call(FragA a, FragB b, FragC c, FragS sfa, FragS sfb,
+                                                              int selectors) {
+  FragC d;
+  mma_mxf8f6f4_m16n8k32_model(d, a, b, c, sfa, selectors & 3, (selectors >> 2) & 1, sfb, (selectors >> 3) & 3,
+                              (selectors >> 5) & 3);
+  return d;
+}
+#endif
+
 template <int kByteIdA, int kThreadIdA, int kByteIdB, int kThreadIdB>
 __device__ __forceinline__ void mma_mxf8f6f4_m16n8k32(FragC& d, const FragA& a, const FragB& b,
                                                       const FragC& c, const FragS& sfa,
@@ -250,7 +277,9 @@ __device__ __forceinline__ void mma_mxf8f6f4_m16n8k32(FragC& d, const FragA& a, 
 #if defined(MXMOE_SM120_NATIVE_MMA)
   mma_mxf8f6f4_m16n8k32_native<kByteIdA, kThreadIdA, kByteIdB, kThreadIdB>(d, a, b, c, sfa, sfb);
 #elif defined(MXMOE_SM120_EMULATION)
-  mma_mxf8f6f4_m16n8k32_model(d, a, b, c, sfa, kByteIdA, kThreadIdA, sfb, kByteIdB, kThreadIdB);
+  // Selectors packed as the SASS packs them (docs/sm120.md): bida | tida << 2 | bidb << 3 | tidb << 5.
+  d = mma_mxf8f6f4_m16n8k32_model_call(a, b, c, sfa, sfb,
+                                       kByteIdA | kThreadIdA << 2 | kByteIdB << 3 | kThreadIdB << 5);
 #else
   static_assert(kByteIdA < 0 && kByteIdA >= 0,
                 "mma_mxf8f6f4_m16n8k32 needs sm_120a/sm_120f, or MXMOE_SM120_EMULATION for other "
