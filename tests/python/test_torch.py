@@ -1,5 +1,7 @@
 """torch tensors through DLPack (skipped where torch is not installed: CI does not install it)."""
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -87,7 +89,7 @@ def test_flashinfer_entry_torch_cpu_and_weight_reload(situ_weights):
     # reload) is seen at the next call, which prepares again.
     from mxmoe import ActivationType
     from mxmoe.flashinfer import cutlass_fused_moe
-    from test_flashinfer import flashinfer_weights, mxfp8_input
+    from test_flashinfer import flashinfer_weights, mxfp8_input, swizzle_128x4
 
     mxmoe.flashinfer.clear_cache()
     codes, scales, ids, tw = mxfp8_input(7, seed=41)
@@ -112,11 +114,22 @@ def test_flashinfer_entry_torch_cpu_and_weight_reload(situ_weights):
     np.testing.assert_array_equal(a.numpy(), want)
     run()
     assert mxmoe.flashinfer._CACHE.prepares == before + 1
+    entries = mxmoe.flashinfer.cache_size()
+    # Swizzled input scales (FlashInfer's default) as a torch tensor: the same result.
+    swizzled = torch.from_numpy(swizzle_128x4(scales[None])[0].reshape(-1))
+    c = cutlass_fused_moe(x8, torch.from_numpy(ids), torch.from_numpy(tw), fc1.view(torch.long), fc2, torch.float32,
+                          quant_scales, **dict(targs, input_sf=swizzled, swizzled_input_sf=True))[0]
+    assert torch.equal(a, c)
     swapped = dict(situ_weights, w1=situ_weights["w3"], w3=situ_weights["w1"], w1_scale=situ_weights["w3_scale"],
                    w3_scale=situ_weights["w1_scale"])
     with torch.no_grad():
         fc1.copy_(torch.from_numpy(flashinfer_weights(swapped)["fc1_expert_weights"].view(np.uint8)))
     b = run()
-    assert mxmoe.flashinfer._CACHE.prepares == before + 2 and mxmoe.flashinfer.cache_size() == 1
+    assert mxmoe.flashinfer._CACHE.prepares == before + 2
+    assert mxmoe.flashinfer.cache_size() == entries  # the reloaded weights' entry replaced the old one
     assert not torch.equal(a, b)
+    # The parameter's storage freed: its prepared experts go too (the views passed were temporaries).
+    del fc1
+    gc.collect()
+    assert mxmoe.flashinfer.cache_size() == entries - 1
     mxmoe.flashinfer.clear_cache()

@@ -225,10 +225,11 @@ def _data_ptr(t: Any) -> int:
 
 
 def _root(t: Any) -> Any:
-    """The object that owns t's memory: a torch view's base (torch points every view at the
-    tensor that owns the storage), the end of a numpy / cupy view's base chain."""
+    """The object whose lifetime is that of t's memory: a torch tensor's storage (torch keeps one
+    Python object per live storage, and a dtype view such as w.view(torch.long) has no _base), the
+    end of a numpy / cupy view's base chain."""
     if _tensors.is_torch(t):
-        return t._base if t._base is not None else t
+        return t.untyped_storage()
     while type(getattr(t, "base", None)) is type(t):
         t = t.base
     return t
@@ -258,9 +259,10 @@ class _ExpertCache:
     the next call prepares again, replacing the entry. numpy and cupy have no such counter:
     changing their weights in place is not detected (call clear_cache()).
 
-    Lifetime: an entry lives as long as the objects owning the weights' memory (the root of a
-    view, e.g. the nn.Parameter behind `w.view(torch.long)`); when one of them is freed the entry
-    goes with it, so a later tensor that reuses the address is never taken for the old one. An
+    Lifetime: an entry lives as long as the weights' memory (torch: the tensors' storages, e.g. the
+    nn.Parameter's behind `w.view(torch.long)`; numpy / cupy: the arrays at the end of the views'
+    base chains); when one of them is freed the entry goes with it, so a later tensor that reuses
+    the address is never taken for the old one. An
     owner that cannot be weakly referenced is held strongly instead, in at most
     _MAX_STRONG entries (least recently used dropped first).
     """
