@@ -1,12 +1,14 @@
 // The CUDA router (KimiK3RouteCuda) against the CPU KimiK3Route: the same ids and the same weight
 // bits for every token, ties included, for f32 and bf16 logits, token counts 0, 1, 2, 33 and 4096,
-// the model shapes and the edges of the kernel's configurations; under CUDA graph replay; and the
-// refusals.
+// the model shapes and the edges of the kernel's configurations; under CUDA graph replay; the
+// refusals; and Kimi-K3's shape timed (printed as "[ router ] T=... us GB/s").
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -223,6 +225,52 @@ TEST(RouterCuda, GraphReplayWithNewLogitsMatchesCpu) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// Kimi-K3's shape at decode and prefill sizes: the median of 50 launches (warm L2: the logits are
+// what the previous layer just wrote), printed with the bytes read and written, after checking the
+// timed results against the CPU router.
+TEST(RouterCuda, KimiK3ShapeTimedAndChecked) {
+  MXMOE_REQUIRE_GPU();
+  const int64_t e = 896, k = 16;
+  RouterOptions opt;
+  opt.top_k = k;
+  for (int64_t t : {1, 32, 4096, 16384}) {
+    const std::vector<float> logits = MakeLogits(t, e, Logits::kContinuous, false, 300 + t);
+    const std::vector<float> bias = MakeBias(e, Logits::kContinuous, 301);
+    DeviceMem d_logits(logits.size() * 4), d_bias(e * 4), d_ids(t * k * 4), d_w(t * k * 4);
+    MXMOE_CUDA_OK(cudaMemcpy(d_logits.ptr, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice));
+    MXMOE_CUDA_OK(cudaMemcpy(d_bias.ptr, bias.data(), bias.size() * 4, cudaMemcpyHostToDevice));
+    cudaEvent_t start, stop;
+    MXMOE_CUDA_OK(cudaEventCreate(&start));
+    MXMOE_CUDA_OK(cudaEventCreate(&stop));
+    std::vector<float> ms;
+    for (int rep = 0; rep < 55; ++rep) {
+      MXMOE_CUDA_OK(cudaEventRecord(start));
+      ASSERT_TRUE(KimiK3RouteCuda(d_logits.ptr, RouterLogits::kF32, d_bias.As<float>(), t, e, opt, d_ids.As<int32_t>(),
+                                  d_w.As<float>(), 0, nullptr)
+                      .ok());
+      MXMOE_CUDA_OK(cudaEventRecord(stop));
+      MXMOE_CUDA_OK(cudaEventSynchronize(stop));
+      float elapsed = 0;
+      MXMOE_CUDA_OK(cudaEventElapsedTime(&elapsed, start, stop));
+      if (rep >= 5) ms.push_back(elapsed);
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    std::sort(ms.begin(), ms.end());
+    const double us = ms[ms.size() / 2] * 1e3;
+    const double bytes = static_cast<double>(t * e * 4 + e * 4 + t * k * 8);
+    std::printf("[ router ] T=%-6lld E=%lld k=%lld  %8.2f us  %8.1f GB/s\n", static_cast<long long>(t),
+                static_cast<long long>(e), static_cast<long long>(k), us, bytes / (us * 1e-6) / 1e9);
+    std::vector<int32_t> ids(t * k), want_ids(t * k);
+    std::vector<float> w(t * k), want_w(t * k);
+    ASSERT_TRUE(KimiK3Route(logits.data(), bias.data(), t, e, opt, want_ids.data(), want_w.data()).ok());
+    MXMOE_CUDA_OK(cudaMemcpy(ids.data(), d_ids.ptr, ids.size() * 4, cudaMemcpyDeviceToHost));
+    MXMOE_CUDA_OK(cudaMemcpy(w.data(), d_w.ptr, w.size() * 4, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(ids, want_ids) << "T=" << t;
+    EXPECT_EQ(0, std::memcmp(w.data(), want_w.data(), w.size() * 4)) << "T=" << t;
+  }
 }
 
 TEST(RouterCuda, RefusesBeforeLaunching) {
