@@ -243,3 +243,16 @@ def test_swizzle_helpers_round_trip():
         sw = mxmoe.flashinfer.swizzle_block_scales(linear)
         np.testing.assert_array_equal(sw, swizzle_128x4(linear))
         np.testing.assert_array_equal(mxmoe.flashinfer.unswizzle_block_scales(sw, rows, cols), linear)
+
+
+def test_situ_betas_as_numbers_and_defaults(situ_weights):
+    # None means Kimi-K3's 4.0 / 25.0; numbers (an mxmoe extension) apply to every expert.
+    kw = call_args(situ_weights)
+    default = cutlass_fused_moe(**kw)[0]
+    np.testing.assert_array_equal(cutlass_fused_moe(**dict(kw, situ_beta=4.0, situ_linear_beta=25.0))[0], default)
+    other = cutlass_fused_moe(**dict(kw, situ_beta=2.0))[0]
+    assert np.abs(other - default).max() > 0
+    experts = mxmoe.prepare_experts(**situ_weights, activation="situ", beta=2.0, top_k=TOPK)
+    want = mxmoe.reference_moe((kw["input"], kw["input_sf"]), kw["token_selected_experts"], kw["token_final_scales"],
+                               experts, out_dtype="float32")
+    np.testing.assert_array_equal(other, want)
