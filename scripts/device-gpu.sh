@@ -28,12 +28,12 @@ if want build || want test || want sanitize || want bench || want profile || wan
     || { note "build FAILED"; grep -E "error" "$OUT/build.log" | head -20; exit 1; }
   note "build: ok in $(( $(secs) - t0 )) s"
   # Registers / spills of the GEMM kernels, and the SASS instructions they are meant to use.
-  grep -A3 "MoeGemmKernel" "$OUT/build.log" | grep -E "registers|spill" | sort | uniq -c | sed 's/^/ptxas: /' | tee -a "$SUMMARY"
+  grep -A3 -E "MoeGemmKernel|MoeWgmmaKernel" "$OUT/build.log" | grep -E "registers|spill" | sort | uniq -c | sed 's/^/ptxas: /' | tee -a "$SUMMARY"
   obj=$(find "$BUILD" -name 'moe_gemm_n8.cu.o' | head -1)
   if [ -n "$obj" ] && command -v cuobjdump >/dev/null; then
-    for f in $(find "$BUILD" -name 'moe_gemm_n*.cu.o'); do
+    for f in $(find "$BUILD" -name 'moe_gemm_n*.cu.o' -o -name 'moe_wgmma_*.cu.o'); do
       cuobjdump -sass "$f" > "$OUT/sass_$(basename "$f" .cu.o).txt" 2>&1
-      note "sass $(basename "$f" .cu.o): HMMA $(grep -c HMMA "$OUT/sass_$(basename "$f" .cu.o).txt") LDSM $(grep -c LDSM "$OUT/sass_$(basename "$f" .cu.o).txt") LDGSTS $(grep -c LDGSTS "$OUT/sass_$(basename "$f" .cu.o).txt") local(LDL/STL) $(grep -cE 'LDL|STL' "$OUT/sass_$(basename "$f" .cu.o).txt")"
+      note "sass $(basename "$f" .cu.o): HMMA $(grep -c HMMA "$OUT/sass_$(basename "$f" .cu.o).txt") HGMMA $(grep -c HGMMA "$OUT/sass_$(basename "$f" .cu.o).txt") LDSM $(grep -c LDSM "$OUT/sass_$(basename "$f" .cu.o).txt") LDGSTS $(grep -c LDGSTS "$OUT/sass_$(basename "$f" .cu.o).txt") local(LDL/STL) $(grep -cE 'LDL|STL' "$OUT/sass_$(basename "$f" .cu.o).txt")"
     done
   fi
 fi
@@ -91,10 +91,13 @@ if want profile; then
 fi
 
 if want bench2; then
-  t0=$(secs)
-  MXMOE_GEMM_CONFIG=n32 timeout 120 "$BUILD/bin/mxmoe" bench --shapes kimi-k3 --routing uniform --tokens 4096,16384 2>&1 | tee "$OUT/bench_n32.log" >/dev/null
-  note "bench (forced n32): rc=$? in $(( $(secs) - t0 )) s"
-  grep -E "^kimi-k3 " "$OUT/bench_n32.log" | sed 's/^/n32: /' | tee -a "$SUMMARY" >/dev/null
+  # Prefill with each forced GEMM config (BENCH_CONFIGS), against the heuristics' choice above.
+  for cfg in ${BENCH_CONFIGS:-n32 wg64 wg128}; do
+    t0=$(secs)
+    MXMOE_GEMM_CONFIG=$cfg timeout 150 "$BUILD/bin/mxmoe" bench --shapes kimi-k3 --routing uniform --tokens ${BENCH2_TOKENS:-1024,4096,16384} 2>&1 | tee "$OUT/bench_$cfg.log" >/dev/null
+    note "bench (forced $cfg): rc=$? in $(( $(secs) - t0 )) s"
+    grep -E "^kimi-k3 " "$OUT/bench_$cfg.log" | sed "s/^/$cfg: /" | tee -a "$SUMMARY" >/dev/null
+  done
 fi
 
 echo

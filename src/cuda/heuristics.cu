@@ -2,6 +2,7 @@
 #include "cuda/heuristics.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -19,7 +20,21 @@ bool DebugHeuristics() {
   return on;
 }
 
+// MXMOE_GEMM_CONFIG=n8|n32|n64|wg64|wg128 forces a config (for measuring them against each other).
+std::atomic<int>& ForcedConfig() {
+  static std::atomic<int> forced{[] {
+    const char* v = std::getenv("MXMOE_GEMM_CONFIG");
+    if (v == nullptr) return -1;
+    for (int id = 0; id < kNumGemmConfigs; ++id)
+      if (std::strcmp(v, GemmInfo(static_cast<GemmConfigId>(id)).name) == 0) return id;
+    return -1;
+  }()};
+  return forced;
+}
+
 }  // namespace
+
+void ForceGemmConfig(int config) { ForcedConfig().store(config, std::memory_order_relaxed); }
 
 LaunchChoice ChooseLaunch(const LayerDims& dims, int64_t num_tokens, int64_t max_chunk) {
   LaunchChoice c;
@@ -36,17 +51,15 @@ LaunchChoice ChooseLaunch(const LayerDims& dims, int64_t num_tokens, int64_t max
   const double local = static_cast<double>(dims.num_local);
   const double touched = std::max(1.0, local * (1.0 - std::exp(-pairs / local)));
   c.pairs_per_expert = pairs / touched;
-  // Measured on the H200 (docs/perf-log.md, v1/v1.1): n32 beats n64 at every prefill size
-  // (3 CTAs per SM against 2: the mma.sync path is latency-bound), so n64 is only reachable
-  // through MXMOE_GEMM_CONFIG for now.
+  // Decode (a few pairs per expert) streams the weights once: the narrow mma.sync tile. Prefill
+  // reuses each weight tile over many tokens: the wgmma kernels, whose 128-token tile halves the
+  // dequantization per FLOP (docs/perf-log.md, v2). n64 (mma.sync) is reachable only through
+  // MXMOE_GEMM_CONFIG: n32 beat it at every size (v1.1).
   if (c.pairs_per_expert <= 12.0) c.gemm = GemmConfigId::kN8;
-  else c.gemm = GemmConfigId::kN32;
-  // MXMOE_GEMM_CONFIG=n8|n32|n64 forces a config (for measuring them against each other).
-  static const char* forced = std::getenv("MXMOE_GEMM_CONFIG");
-  if (forced != nullptr) {
-    for (int id = 0; id < kNumGemmConfigs; ++id)
-      if (std::strcmp(forced, GemmInfo(static_cast<GemmConfigId>(id)).name) == 0) c.gemm = static_cast<GemmConfigId>(id);
-  }
+  else if (c.pairs_per_expert <= 48.0) c.gemm = GemmConfigId::kN32;
+  else c.gemm = GemmConfigId::kWg128;
+  const int forced = ForcedConfig().load(std::memory_order_relaxed);
+  if (forced >= 0 && forced < kNumGemmConfigs) c.gemm = static_cast<GemmConfigId>(forced);
 
   if (DebugHeuristics()) {
     const GemmConfigInfo info = GemmInfo(c.gemm);

@@ -26,4 +26,8 @@ struct LaunchChoice {
 // Balanced chunks of at most max_chunk tokens, and the GEMM config for their size.
 LaunchChoice ChooseLaunch(const LayerDims& dims, int64_t num_tokens, int64_t max_chunk);
 
+// Makes every later ChooseLaunch pick `config` (-1: back to the heuristics), for the tests and the
+// benchmark that compare configs. Process-wide; MXMOE_GEMM_CONFIG=<name> sets it at start.
+void ForceGemmConfig(int config);
+
 }  // namespace mxmoe::cuda

@@ -19,6 +19,22 @@ __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, uint32_t
                "r"(src_bytes)
                : "memory");
 }
+// The same with a shared-memory address already in the shared window (no conversion per copy).
+__device__ __forceinline__ void CpAsync16(uint32_t smem_addr, const void* gmem, uint32_t src_bytes = 16) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_bytes)
+               : "memory");
+}
+// 16 bytes from shared memory at a shared-window address.
+__device__ __forceinline__ uint4 LdShared128(uint32_t smem_addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(smem_addr));
+  return v;
+}
+__device__ __forceinline__ uint32_t LdShared32(uint32_t smem_addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(smem_addr));
+  return v;
+}
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Wait until at most kPending committed groups are still in flight.
 template <int kPending>

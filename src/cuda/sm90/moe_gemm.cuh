@@ -22,9 +22,10 @@
 #include <climits>
 #include <cstdint>
 
-#include "core/activation_math.h"
 #include "cuda/moe_kernels.h"
 #include "cuda/ptx.cuh"
+#include "cuda/sm90/epilogue.cuh"
+#include "cuda/sm90/tile_loader.cuh"
 #include "cuda/weight_layout.h"
 #include "mxmoe/formats.h"
 
@@ -126,74 +127,22 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
   __shared__ int32_t smem_rows[Cfg::kBlockN];  // B source row of each tile column, -1 past the segment
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int m_tile = static_cast<int>(blockIdx.x % static_cast<uint32_t>(p.m_tiles));
-  const int tile_idx = static_cast<int>(blockIdx.x / static_cast<uint32_t>(p.m_tiles));
-  if (tile_idx >= *p.num_tiles) return;
-  const int2 tile = p.tiles[tile_idx];
-  const int expert = tile.x;
-  const int seg_begin = p.expert_offsets[expert] + tile.y;
-  const int n_valid = min(Cfg::kBlockN, p.expert_offsets[expert + 1] - seg_begin);
+  TileCoords tc;
+  if (!ReadTile<Cfg::kBlockN, kFc1>(p, tid, Cfg::kThreads, smem_rows, &tc)) return;
+  StepLoader<Cfg::kBlockN, Cfg::kThreads> loader;
+  loader.Init(p, tc, smem_rows, tid);
+  const int k_tiles = static_cast<int>(p.a_shape.col_tiles);
+  const int groups = loader.groups;
 
-  for (int n = tid; n < Cfg::kBlockN; n += Cfg::kThreads) {
-    int row = -1;
-    if (n < n_valid) row = kFc1 ? p.sorted_pairs[seg_begin + n] / p.top_k : seg_begin + n;
-    smem_rows[n] = row;
-  }
-  __syncthreads();
-
-  const PackedShape& shape = p.a_shape;
-  const int64_t group0 = static_cast<int64_t>(m_tile) * Cfg::kBlockGroups;
-  const int groups = static_cast<int>(shape.GroupsInBlock(m_tile));
-  const int64_t first_tile = static_cast<int64_t>(expert) * shape.Tiles() + shape.TileIndex(group0, 0);
-  const uint8_t* gmem_a = p.a_tiles + first_tile * kTileBytes;
-  const uint8_t* gmem_s = p.a_scales + first_tile * kTileScaleBytes;
-  const int k_tiles = static_cast<int>(shape.col_tiles);
-  const int k_valid = static_cast<int>(shape.cols);
-
-  // One 64-wide step: the block's `groups` A tiles and scales (contiguous in the layout) and the
-  // BLOCK_N gathered B rows; columns past k_valid and rows past the segment are zero-filled.
-  // Every thread copies the same 16-byte pieces at every step, so their sources are fixed here.
-  constexpr int kAUnits = Cfg::kSubA / 16, kSUnits = Cfg::kSubScales / 16, kBUnits = Cfg::kBlockN * 8;
-  constexpr int kAIters = kAUnits / Cfg::kThreads;
-  constexpr int kBIters = (kBUnits + Cfg::kThreads - 1) / Cfg::kThreads;
-  static_assert(kAUnits % Cfg::kThreads == 0 && kSUnits <= Cfg::kThreads, "copy split");
-  const uint16_t* b_src[kBIters];
-  int b_dst[kBIters], b_col[kBIters];
-#pragma unroll
-  for (int i = 0; i < kBIters; ++i) {
-    const int u = tid + i * Cfg::kThreads;
-    const int n = u >> 3, unit = u & 7;
-    const int row = u < kBUnits ? smem_rows[n] : -1;
-    b_src[i] = row >= 0 ? p.b + static_cast<int64_t>(row) * p.b_stride + unit * 8 : nullptr;
-    b_col[i] = unit * 8;
-    // NOTE: ldmatrix reads 8 rows of one 16-byte column; rows are 128 bytes apart, so without
-    // the XOR swizzle all 8 would hit the same 4 banks.
-    b_dst[i] = n * 128 + ((unit ^ (n & 7)) << 4);
-  }
   // Stage `chunk` holds steps chunk * kKSub .. + kKSub - 1 (those before k_tiles).
   auto load_stage = [&](int stage, int chunk) {
 #pragma unroll
     for (int j = 0; j < Cfg::kKSub; ++j) {
       const int kt = chunk * Cfg::kKSub + j;
       if (kt >= k_tiles) break;
-      uint8_t* smem_a = smem + stage * Cfg::kSmemStage + j * Cfg::kSubA;
-      uint8_t* smem_s = smem + stage * Cfg::kSmemStage + Cfg::kSmemA + j * Cfg::kSubScales;
-      uint8_t* smem_b = smem + stage * Cfg::kSmemStage + Cfg::kSmemA + Cfg::kSmemScales + j * Cfg::kSubB;
-      const uint8_t* src_a = gmem_a + static_cast<int64_t>(kt) * groups * kTileBytes;
-      const uint8_t* src_s = gmem_s + static_cast<int64_t>(kt) * groups * kTileScaleBytes;
-#pragma unroll
-      for (int i = 0; i < kAIters; ++i) {
-        const int u = tid + i * Cfg::kThreads;
-        if (u < groups * (kTileBytes / 16)) ptx::CpAsync16(smem_a + u * 16, src_a + u * 16);
-      }
-      if (tid < groups * (kTileScaleBytes / 16)) ptx::CpAsync16(smem_s + tid * 16, src_s + tid * 16);
-      const int col0 = kt * Cfg::kBlockK;
-#pragma unroll
-      for (int i = 0; i < kBIters; ++i) {
-        if (kBUnits % Cfg::kThreads != 0 && tid + i * Cfg::kThreads >= kBUnits) continue;
-        const bool ok = b_src[i] != nullptr && col0 + b_col[i] < k_valid;
-        ptx::CpAsync16(smem_b + b_dst[i], ok ? b_src[i] + col0 : p.b, ok ? 16u : 0u);
-      }
+      const uint32_t smem_stage = ptx::SmemAddr(smem + stage * Cfg::kSmemStage);
+      loader.IssueNext(smem_stage + j * Cfg::kSubA, smem_stage + Cfg::kSmemA + j * Cfg::kSubScales,
+                       smem_stage + Cfg::kSmemA + Cfg::kSmemScales + j * Cfg::kSubB, tid, p.b);
     }
   };
 
@@ -233,83 +182,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
   ptx::CpAsyncWait<0>();
   if (!warp_active) return;
 
-  const int g = lane >> 2, c = lane & 3;
-  const ExpertParams ep = p.experts[expert];
-  if constexpr (kFc1) {
-    // Accumulator (f, nt): c0/c1 = gate row i of tokens 2c, 2c+1; c2/c3 = up row i, the same
-    // tokens; i = i_block + 8 f + g. The warp's 32 i form one MX block.
-    const int64_t i_block = (group0 + warp * Cfg::kMFrags) * 8;
-    const int64_t bias_row = static_cast<int64_t>(expert) * (shape.rows / 2);
-    float gate_bias[Cfg::kMFrags], up_bias[Cfg::kMFrags];
-#pragma unroll
-    for (int f = 0; f < Cfg::kMFrags; ++f) {
-      const int64_t i = i_block + 8 * f + g;
-      gate_bias[f] = ep.has_gate_bias ? p.gate_bias[bias_row + i] : 0.0f;
-      up_bias[f] = ep.has_up_bias ? p.up_bias[bias_row + i] : 0.0f;
-    }
-#pragma unroll
-    for (int nt = 0; nt < Cfg::kNTiles; ++nt) {
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        float a[Cfg::kMFrags];
-        float amax = 0.0f;
-        int finite = 1;
-#pragma unroll
-        for (int f = 0; f < Cfg::kMFrags; ++f) {
-          float gv = acc[f][nt][q] * ep.fc1_scale;  // exact: a power of two
-          float uv = acc[f][nt][2 + q] * ep.fc1_scale;
-          if (ep.has_gate_bias) gv += gate_bias[f];
-          if (ep.has_up_bias) uv += up_bias[f];
-          a[f] = apply_activation(p.act, gv, uv, ep.act);
-          const float m = fabsf(a[f]);
-          if (!(m <= FLT_MAX)) finite = 0;  // NaN or Inf: the block's scale is NaN
-          else amax = fmaxf(amax, m);
-        }
-        // The 8 lanes with the same c hold the same token: reduce over lane bits 2..4.
-#pragma unroll
-        for (int off = 4; off < 32; off <<= 1) {
-          amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
-          finite &= __shfl_xor_sync(0xFFFFFFFFu, finite, off);
-        }
-        const int s = mxfp8_scale_exponent(amax);
-        const float scale = ue8m0_to_float(finite ? static_cast<uint8_t>(s + 127) : kUe8m0Nan);
-        const int col = nt * 8 + 2 * c + q;
-        if (col < n_valid) {
-          uint16_t* dst = p.h + static_cast<int64_t>(seg_begin + col) * p.h_stride + i_block + g;
-#pragma unroll
-          for (int f = 0; f < Cfg::kMFrags; ++f)
-            dst[8 * f] = float_to_bf16(e4m3_to_float(float_to_e4m3(ldexpf(a[f], -s))) * scale);
-        }
-      }
-    }
-  } else {
-    // Accumulator (f, nt): c0/c1 = output row n of tokens 2c, 2c+1; c2/c3 = row n + 8.
-    int32_t pair[Cfg::kNTiles][2];
-    float weight[Cfg::kNTiles][2];
-#pragma unroll
-    for (int nt = 0; nt < Cfg::kNTiles; ++nt)
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const int col = nt * 8 + 2 * c + q;
-        pair[nt][q] = col < n_valid ? p.sorted_pairs[seg_begin + col] : -1;
-        weight[nt][q] = col < n_valid ? p.topk_weights[pair[nt][q]] : 0.0f;
-      }
-#pragma unroll
-    for (int f = 0; f < Cfg::kMFrags; ++f)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int64_t row = (group0 + warp * Cfg::kMFrags + f) * kTileRows + g + 8 * half;
-        if (row >= shape.rows) continue;
-#pragma unroll
-        for (int nt = 0; nt < Cfg::kNTiles; ++nt)
-#pragma unroll
-          for (int q = 0; q < 2; ++q) {
-            if (pair[nt][q] < 0) continue;
-            const float y = acc[f][nt][2 * half + q] * ep.fc2_scale;  // exact: a power of two
-            p.y[static_cast<int64_t>(pair[nt][q]) * p.y_stride + row] = weight[nt][q] * y;
-          }
-      }
-  }
+  if constexpr (kFc1) Fc1Epilogue<Cfg::kMFrags, Cfg::kNTiles, 1>(p, acc, tc, warp, 0, lane, true, nullptr);
+  else Fc2Epilogue<Cfg::kMFrags, Cfg::kNTiles, 1>(p, acc, tc, warp, 0, lane);
 #else
   __trap();  // built for SM90 only; cuda_moe.cu refuses other devices before launching
 #endif

@@ -1,16 +1,19 @@
-// GemmConfigId -> the instantiation that serves it (the list of configs lives in moe_gemm.cuh).
+// GemmConfigId -> the instantiation that serves it (the configs live in moe_gemm.cuh and
+// moe_wgmma.cuh).
 #include "cuda/moe_kernels.h"
 
 namespace mxmoe::cuda {
 
 namespace sm90 {
-#define MXMOE_DECLARE_CONFIG(N)                                                              \
-  cudaError_t LaunchGemmN##N(bool fc1, const GemmParams& p, int64_t grid, cudaStream_t stream); \
-  cudaError_t PrepareGemmN##N();                                                             \
-  GemmConfigInfo InfoN##N();
-MXMOE_DECLARE_CONFIG(8)
-MXMOE_DECLARE_CONFIG(32)
-MXMOE_DECLARE_CONFIG(64)
+#define MXMOE_DECLARE_CONFIG(NAME)                                                              \
+  cudaError_t LaunchGemm##NAME(bool fc1, const GemmParams& p, int64_t grid, cudaStream_t stream); \
+  cudaError_t PrepareGemm##NAME();                                                              \
+  GemmConfigInfo Info##NAME();
+MXMOE_DECLARE_CONFIG(N8)
+MXMOE_DECLARE_CONFIG(N32)
+MXMOE_DECLARE_CONFIG(N64)
+MXMOE_DECLARE_CONFIG(Wg64)
+MXMOE_DECLARE_CONFIG(Wg128)
 #undef MXMOE_DECLARE_CONFIG
 }  // namespace sm90
 
@@ -19,6 +22,8 @@ GemmConfigInfo GemmInfo(GemmConfigId id) {
     case GemmConfigId::kN8: return sm90::InfoN8();
     case GemmConfigId::kN32: return sm90::InfoN32();
     case GemmConfigId::kN64: return sm90::InfoN64();
+    case GemmConfigId::kWg64: return sm90::InfoWg64();
+    case GemmConfigId::kWg128: return sm90::InfoWg128();
   }
   return sm90::InfoN8();
 }
@@ -27,6 +32,8 @@ cudaError_t PrepareGemmKernels() {
   cudaError_t e = sm90::PrepareGemmN8();
   if (e == cudaSuccess) e = sm90::PrepareGemmN32();
   if (e == cudaSuccess) e = sm90::PrepareGemmN64();
+  if (e == cudaSuccess) e = sm90::PrepareGemmWg64();
+  if (e == cudaSuccess) e = sm90::PrepareGemmWg128();
   return e;
 }
 
@@ -36,6 +43,8 @@ cudaError_t LaunchGemm(GemmConfigId id, bool fc1, const GemmParams& p, int64_t g
     case GemmConfigId::kN8: return sm90::LaunchGemmN8(fc1, p, grid_ctas, stream);
     case GemmConfigId::kN32: return sm90::LaunchGemmN32(fc1, p, grid_ctas, stream);
     case GemmConfigId::kN64: return sm90::LaunchGemmN64(fc1, p, grid_ctas, stream);
+    case GemmConfigId::kWg64: return sm90::LaunchGemmWg64(fc1, p, grid_ctas, stream);
+    case GemmConfigId::kWg128: return sm90::LaunchGemmWg128(fc1, p, grid_ctas, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -1,0 +1,117 @@
+// The parts of a grouped-GEMM CTA that do not depend on the MMA instruction, shared by the
+// mma.sync kernels (moe_gemm.cuh) and the wgmma kernels (moe_wgmma.cuh): which tile a CTA owns,
+// and the cp.async copies of one 64-wide reduction step (the block's prepacked A tiles and scales,
+// and the BLOCK_N gathered B rows).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/moe_kernels.h"
+#include "cuda/ptx.cuh"
+#include "cuda/sm90/epilogue.cuh"
+#include "cuda/weight_layout.h"
+
+namespace mxmoe::cuda::sm90 {
+
+// The CTA's tile: blockIdx.x = tile_idx * m_tiles + m_tile, so consecutive CTAs share one token
+// tile (its B rows stay in L2) and walk the expert's row blocks. Fills smem_rows[n] with the B
+// source row of tile column n (-1 past the segment). Returns false for CTAs past the real tile
+// count (the grid is sized for the worst case before the routing is known). Ends with a barrier.
+template <int kBlockN, bool kFc1>
+__device__ __forceinline__ bool ReadTile(const GemmParams& p, int tid, int threads, int32_t* smem_rows,
+                                         TileCoords* tc) {
+  const int m_tile = static_cast<int>(blockIdx.x % static_cast<uint32_t>(p.m_tiles));
+  const int tile_idx = static_cast<int>(blockIdx.x / static_cast<uint32_t>(p.m_tiles));
+  if (tile_idx >= *p.num_tiles) return false;
+  const int2 tile = p.tiles[tile_idx];
+  tc->expert = tile.x;
+  tc->seg_begin = p.expert_offsets[tile.x] + tile.y;
+  tc->n_valid = min(kBlockN, p.expert_offsets[tile.x + 1] - tc->seg_begin);
+  tc->group0 = static_cast<int64_t>(m_tile) * kBlockRowGroups;
+  for (int n = tid; n < kBlockN; n += threads) {
+    int row = -1;
+    if (n < tc->n_valid) row = kFc1 ? p.sorted_pairs[tc->seg_begin + n] / p.top_k : tc->seg_begin + n;
+    smem_rows[n] = row;
+  }
+  __syncthreads();
+  return true;
+}
+
+// The copies of the 64-wide steps, in order, issued by all kThreads threads. Every thread copies
+// the same 16-byte pieces at every step, so the sources are computed once and then advanced: a
+// step costs each thread a few 16-byte cp.async and a handful of address increments.
+template <int kBlockN, int kThreads>
+struct StepLoader {
+  static constexpr int kAUnits = kBlockRowGroups * kTileBytes / 16;
+  static constexpr int kSUnits = kBlockRowGroups * kTileScaleBytes / 16;
+  static constexpr int kBUnits = kBlockN * 8;  // 128-byte rows of 64 bf16
+  static constexpr int kAIters = kAUnits / kThreads;
+  static constexpr int kBIters = (kBUnits + kThreads - 1) / kThreads;
+  static_assert(kAUnits % kThreads == 0 && kSUnits <= kThreads, "copy split");
+
+  int groups;           // row groups in the block (16, or fewer in the last block)
+  const uint8_t* src_a;  // this thread's first A piece of the next step
+  const uint8_t* src_s;
+  int a_units;          // this thread's A pieces that exist (the block may have fewer row groups)
+  bool s_ok;
+  int a_step;           // bytes from one step's A tiles to the next
+  int col;              // first reduction column of the next step
+  int k_valid;          // valid reduction length
+  const uint16_t* b_src[kBIters];  // this thread's B pieces at column 0 (null: zero-fill)
+  int b_dst[kBIters];
+  int b_col[kBIters];
+
+  __device__ __forceinline__ void Init(const GemmParams& p, const TileCoords& tc, const int32_t* smem_rows,
+                                       int tid) {
+    const PackedShape& shape = p.a_shape;
+    groups = static_cast<int>(shape.GroupsInBlock(tc.group0 / kBlockRowGroups));
+    const int64_t first_tile = static_cast<int64_t>(tc.expert) * shape.Tiles() + shape.TileIndex(tc.group0, 0);
+    src_a = p.a_tiles + first_tile * kTileBytes + tid * 16;
+    src_s = p.a_scales + first_tile * kTileScaleBytes + tid * 16;
+    a_units = 0;
+#pragma unroll
+    for (int i = 0; i < kAIters; ++i) a_units += tid + i * kThreads < groups * (kTileBytes / 16) ? 1 : 0;
+    s_ok = tid < groups * (kTileScaleBytes / 16);
+    a_step = groups * kTileBytes;
+    col = 0;
+    k_valid = static_cast<int>(shape.cols);
+#pragma unroll
+    for (int i = 0; i < kBIters; ++i) {
+      const int u = tid + i * kThreads;
+      const int n = u >> 3, unit = u & 7;
+      const int row = u < kBUnits ? smem_rows[n] : -1;
+      b_src[i] = row >= 0 ? p.b + static_cast<int64_t>(row) * p.b_stride + unit * 8 : nullptr;
+      b_col[i] = unit * 8;
+      // NOTE: the 16-byte unit of row n goes to unit ^ (n % 8). ldmatrix reads 8 rows of one unit
+      // (rows 128 bytes apart would hit the same 4 banks unswizzled), and this is exactly wgmma's
+      // 128-byte swizzle of a K-major operand when the tile starts 1024-byte aligned (PTX ISA
+      // 9.7.15.5.1.2, Table 38: the 128B atom is 8 rows x 8 units; the swizzle XORs address
+      // bits 4..6 with bits 7..9).
+      b_dst[i] = n * 128 + ((unit ^ (n & 7)) << 4);
+    }
+  }
+
+  // The next step into the shared-window addresses smem_a (groups A tiles), smem_s (their scales)
+  // and smem_b (BLOCK_N rows); columns past k_valid and rows past the segment are zero-filled
+  // (cp.async with 0 source bytes, from any valid address).
+  __device__ __forceinline__ void IssueNext(uint32_t smem_a, uint32_t smem_s, uint32_t smem_b, int tid,
+                                            const uint16_t* any_b) {
+#pragma unroll
+    for (int i = 0; i < kAIters; ++i)
+      if (i < a_units) ptx::CpAsync16(smem_a + (tid + i * kThreads) * 16, src_a + i * kThreads * 16);
+    if (s_ok) ptx::CpAsync16(smem_s + tid * 16, src_s);
+#pragma unroll
+    for (int i = 0; i < kBIters; ++i) {
+      if (kBUnits % kThreads != 0 && tid + i * kThreads >= kBUnits) continue;
+      const bool ok = b_src[i] != nullptr && col + b_col[i] < k_valid;
+      ptx::CpAsync16(smem_b + b_dst[i], ok ? b_src[i] + col : any_b, ok ? 16u : 0u);
+    }
+    src_a += a_step;
+    src_s += groups * kTileScaleBytes;
+    col += kTileCols;
+  }
+};
+
+}  // namespace mxmoe::cuda::sm90

@@ -1,0 +1,171 @@
+// PTX wrappers for Hopper's warpgroup MMA (wgmma), sm_90a only. Each exists because CUDA C++ has
+// no spelling of the instruction. In any other compilation pass they compile to nothing, and the
+// kernels that use them guard their bodies the same way (MXMOE_WGMMA_AVAILABLE).
+//
+// The form used is "RS": A (the dequantized weights) from registers, B (the tokens) from shared
+// memory through a matrix descriptor. PTX ISA 9.7.15.5.1.1.1: for m64nNk16 with .bf16, warp w of
+// the warpgroup supplies rows 16 w .. 16 w + 15 of A in four .bf16x2 registers per lane whose
+// layout is that of mma.m16n8k16's A fragment, and receives the same rows of D in N/2 fp32
+// registers laid out as N/8 consecutive mma.m16n8 C fragments (Figures 148, 149). So the weights'
+// prepacked fragments (weight_layout.h) feed wgmma unchanged.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MXMOE_WGMMA_AVAILABLE 1
+#else
+#define MXMOE_WGMMA_AVAILABLE 0
+#endif
+
+namespace mxmoe::cuda::wgmma {
+
+// Shared memory matrix descriptor (PTX ISA 9.7.15.5.1.2.2, "Matrix Descriptor Format"): start
+// address >> 4 in bits 0..13, leading-dimension byte offset >> 4 in 16..29 (unused by swizzled
+// K-major layouts, "assumed to be 1"), stride-dimension byte offset >> 4 in 32..45 (K-major: from
+// one group of 8 rows to the next), base offset 0 in 49..51 (the tiles are 1024-byte aligned),
+// swizzle mode in 62..63 (1 = 128-byte swizzle).
+__device__ __forceinline__ uint64_t SmemDescK128(uint32_t addr, uint32_t stride_bytes) {
+  uint64_t desc = (addr & 0x3FFFFu) >> 4;
+  desc |= uint64_t{1} << 16;
+  desc |= static_cast<uint64_t>((stride_bytes & 0x3FFFFu) >> 4) << 32;
+  desc |= uint64_t{1} << 62;
+  return desc;
+}
+// The descriptor of the same operand `bytes` further along K (within one 128-byte swizzle row:
+// the hardware applies the swizzle to the address it forms, as for ldmatrix).
+__device__ __forceinline__ uint64_t AdvanceDesc(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+
+// Orders this thread's earlier register writes (A fragments, zeroed accumulators) before the
+// asynchronous MMAs that read them.
+__device__ __forceinline__ void Fence() {
+#if MXMOE_WGMMA_AVAILABLE
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void Commit() {
+#if MXMOE_WGMMA_AVAILABLE
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+// Waits until at most kPending committed groups of this warpgroup are in flight.
+template <int kPending>
+__device__ __forceinline__ void Wait() {
+#if MXMOE_WGMMA_AVAILABLE
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+// Shared memory written through the generic proxy (cp.async, st.shared) and then read by wgmma
+// (the async proxy) needs this fence in each writing thread before the barrier that publishes it
+// (PTX ISA, memory consistency model: "async proxy"; the wgmma section asks for it too).
+__device__ __forceinline__ void FenceProxyAsyncShared() {
+#if MXMOE_WGMMA_AVAILABLE
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+// Keeps the compiler from moving accesses of an accumulator across the asynchronous MMAs that own
+// it (an empty asm that "reads and writes" the register).
+template <int kN>
+__device__ __forceinline__ void FenceOperand(float (&d)[kN][4]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+f"(d[i][j])::"memory");
+}
+
+// m64n32k16, bf16 A from registers, B from shared memory (K-major), fp32 accumulators.
+__device__ __forceinline__ void WgmmaBf16Rs(float (&d)[4][4], const uint32_t (&a)[4], uint64_t desc_b) {
+#if MXMOE_WGMMA_AVAILABLE
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+#endif
+}
+
+// m64n64k16, bf16 A from registers, B from shared memory (K-major), fp32 accumulators.
+__device__ __forceinline__ void WgmmaBf16Rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b) {
+#if MXMOE_WGMMA_AVAILABLE
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+#endif
+}
+
+// m64n96k16, bf16 A from registers, B from shared memory (K-major), fp32 accumulators.
+__device__ __forceinline__ void WgmmaBf16Rs(float (&d)[12][4], const uint32_t (&a)[4], uint64_t desc_b) {
+#if MXMOE_WGMMA_AVAILABLE
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, "
+      "{%48, %49, %50, %51}, %52, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+        "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+        "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+        "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+#endif
+}
+
+// m64n128k16, bf16 A from registers, B from shared memory (K-major), fp32 accumulators.
+__device__ __forceinline__ void WgmmaBf16Rs(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc_b) {
+#if MXMOE_WGMMA_AVAILABLE
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
+      ", %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+        "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+        "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+        "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+        "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+#endif
+}
+
+
+}  // namespace mxmoe::cuda::wgmma

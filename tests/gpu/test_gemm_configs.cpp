@@ -1,0 +1,98 @@
+// Every GEMM config of the SM90 path (mma.sync n8 / n32 / n64, wgmma wg64 / wg128), forced in turn,
+// against the CPU reference: the heuristics alone would leave some configs untested on small
+// shapes (and the wgmma ones only on large shapes checked against the GPU reference).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "common/compare.h"
+#include "common/moe_run.h"
+#include "cuda/heuristics.h"
+#include "cuda/moe_kernels.h"
+#include "gpu/gpu_harness.h"
+#include "gpu/tolerance.h"
+#include "mxmoe/cuda.h"
+#include "mxmoe/synthetic.h"
+
+namespace mxmoe::test {
+namespace {
+
+// Restores the heuristics when a test ends, pass or fail.
+struct ForcedConfig {
+  explicit ForcedConfig(int id) { cuda::ForceGemmConfig(id); }
+  ~ForcedConfig() { cuda::ForceGemmConfig(-1); }
+};
+
+ActivationSpec PerExpertSitu(int64_t num_experts) {
+  ActivationSpec a = Act(ActivationType::Situ);
+  for (int64_t e = 0; e < num_experts; ++e) {
+    ActParams p;
+    p.beta = 3.0f + 0.25f * static_cast<float>(e % 4);
+    p.linear_beta = 12.0f + 2.0f * static_cast<float>(e % 5);
+    a.per_expert.push_back(p);
+  }
+  return a;
+}
+
+TEST(CudaGemmConfigs, EveryConfigMatchesReference) {
+  MXMOE_REQUIRE_SM90();
+  struct Case {
+    LayerShape shape;
+    ActivationType kind;
+  };
+  // K / I not multiples of 64 (partial 64-steps), 2 I not a multiple of 256 (a partial row block:
+  // padding warps), one MX block of intermediate, and enough tokens for several 128-token tiles of
+  // one expert (one-expert routing).
+  const Case cases[] = {{{8, 256, 160, 4}, ActivationType::Situ},
+                        {{6, 96, 96, 3}, ActivationType::SwigluBias},
+                        {{4, 320, 32, 2}, ActivationType::GegluTanh},
+                        {{16, 192, 384, 6}, ActivationType::Swiglu}};
+  uint64_t seed = 900;
+  for (const Case& c : cases) {
+    const LayerShape& s = c.shape;
+    const bool bias = c.kind == ActivationType::SwigluBias;
+    const ActivationSpec act = c.kind == ActivationType::Situ ? PerExpertSitu(s.num_experts) : Act(c.kind);
+    ExpertSet set = SyntheticSet(s, act, ++seed, {}, bias);
+    auto moe = MakeCudaMoe(set);
+    ASSERT_TRUE(moe);
+    for (int64_t t : {1, 37, 300}) {
+      for (RoutingPattern pat : {RoutingPattern::kUniform, RoutingPattern::kOneExpert, RoutingPattern::kWithInvalid}) {
+        SyntheticInput in;
+        MakeSyntheticInput(s, t, pat, ++seed, &in);
+        const auto ref = ReferenceF32(set, InputOf(in));
+        DeviceCase dc(*moe, in);
+        for (int id = 0; id < cuda::kNumGemmConfigs; ++id) {
+          const ForcedConfig forced(id);
+          SCOPED_TRACE(std::string(cuda::GemmInfo(static_cast<cuda::GemmConfigId>(id)).name) + " " +
+                       ActivationName(c.kind) + " " + RoutingPatternName(pat) + " T=" + std::to_string(t) +
+                       " K=" + std::to_string(s.hidden) + " I=" + std::to_string(s.intermediate));
+          EXPECT_TRUE(MoeCloseF32(dc.RunF32(), ref, {t, s.hidden}, s.top_k * s.intermediate));
+        }
+      }
+    }
+  }
+}
+
+// The same input through every config gives the same result up to fp32 summation order (the
+// configs split the reduction alike; only the MMA instruction and tile widths differ).
+TEST(CudaGemmConfigs, ConfigsAgreeOnAKimiShapedLayer) {
+  MXMOE_REQUIRE_SM90();
+  LayerShape s = kKimiK3Shape;
+  s.num_experts = 16;
+  ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 950);
+  auto moe = MakeCudaMoe(set);
+  ASSERT_TRUE(moe);
+  SyntheticInput in;
+  MakeSyntheticInput(s, 512, RoutingPattern::kHeavyHitters, 951, &in);
+  DeviceCase dc(*moe, in);
+  const auto ref = dc.RunF32(/*reference=*/true);
+  for (int id = 0; id < cuda::kNumGemmConfigs; ++id) {
+    const ForcedConfig forced(id);
+    SCOPED_TRACE(cuda::GemmInfo(static_cast<cuda::GemmConfigId>(id)).name);
+    EXPECT_TRUE(MoeCloseF32(dc.RunF32(), ref, {in.num_tokens, s.hidden}, s.top_k * s.intermediate));
+  }
+}
+
+}  // namespace
+}  // namespace mxmoe::test
