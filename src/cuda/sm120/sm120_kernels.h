@@ -84,6 +84,9 @@ cudaError_t LaunchGemm(GemmConfigId id, bool fc1, const GemmParams& p, int64_t g
 // The config for a chunk with about pairs_per_expert pairs per touched expert.
 // MXMOE_SM120_CONFIG=m16|m64 forces one; MXMOE_DEBUG_HEURISTICS=1 prints the choice.
 GemmConfigId ChooseGemmConfig(double pairs_per_expert);
+// Makes every later ChooseGemmConfig pick `config` (-1: back to the choice above), for the tests
+// that run each config. Process-wide; MXMOE_SM120_CONFIG sets it at the first choice.
+void ForceGemmConfig(int config);
 
 // Whether this build compiled the SM120 kernels for sm_90a with the software model of the MMA
 // (MXMOE_SM120_EMULATION), so that an SM90 device can run them (MXMOE_CUDA_PATH=sm120).

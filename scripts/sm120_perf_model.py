@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Predicted time of the Kimi-K3 MoE layer on the RTX PRO 6000 Blackwell (SM120) with the SM120
+kernels of src/cuda/sm120/, from their tile counts, bytes and the block-scaled MMA's issue rate.
+Prints the arithmetic behind every number, so that the first run on real hardware can be judged
+against it (docs/sm120.md). Standard library only.
+
+    python3 scripts/sm120_perf_model.py [--tokens 1,8,32,1024,16384] [--markdown]
+
+Model (each assumption is named where it is used):
+  * Routing: uniform, k distinct experts per token (the benchmark's `uniform`). The number of
+    pairs n_e an expert gets is Binomial(T_chunk, k/E); the expected count of touched experts and
+    of BLOCK_M tiles, E[ceil(n_e / BLOCK_M)], are summed exactly over that distribution.
+  * Config: ChooseGemmConfig (m16 up to 16 pairs per touched expert, else m64), and the chunking
+    of CudaMoe (workspace target 2 GiB, same per-token bytes as PlanRun).
+  * DRAM: every touched expert's weights (codes + scales) are read once per chunk; later token
+    tiles of the same expert hit L2 (they run in the same wave: tiles of one expert are adjacent
+    in the grid). Activations: x (bf16) read, xq written and read, h written and read, y (fp32)
+    written by FC2 and read by the combine, out written. At 1.79 TB/s, no efficiency factor.
+  * MMA: one m16n8k32 block-scaled MMA per 16 clocks per SM sub-partition (4 per SM), i.e. the FP8
+    dense peak of SPEC section 6 (188 SMs x 4 x 8192 FLOP / 16 clk x 2.617 GHz = 1.007 PFLOP/s).
+    kind::mxf8f6f4 with an e2m1 B is taken at the FP8 rate, not the FP4 one (that is kind::mxf4).
+    Every MMA a CTA issues counts, padding tokens included.
+  * A GEMM takes max(DRAM time, MMA time): the cp.async pipeline overlaps the two. The routing
+    kernels (quantize, CUB sort, offsets) and the combine add a fixed latency per chunk.
+"""
+import argparse
+import math
+
+# ---- the machine (SPEC section 6) ------------------------------------------------------------
+SMS = 188
+DRAM_BPS = 1.79e12
+CLOCK_HZ = 2.617e9          # boost clock; with the FP8 dense peak it gives 16 clk per MMA per SMSP
+CLK_PER_MMA_PER_SMSP = 16   # 8192 FLOP / 16 clk = 512 FLOP/clk per SMSP
+MMA_FLOP = 2 * 16 * 8 * 32
+MMA_RATE = SMS * 4 * CLOCK_HZ / CLK_PER_MMA_PER_SMSP  # MMAs per second
+FIXED_PER_CHUNK_S = 20e-6   # prepare + sort (~4 CUB kernels) + offsets + combine: ~6 launches
+WORKSPACE_TARGET = 2 << 30
+
+# ---- the layer (SPEC section 5) ----------------------------------------------------------------
+E, K, I, TOPK = 896, 3584, 3072, 16
+
+# ---- the kernels' configs (src/cuda/sm120/moe_gemm_sm120.cuh) -----------------------------------
+CONFIGS = {
+    # name: (BLOCK_M tokens, BLOCK_N weight rows)
+    "m16": (16, 128),
+    "m64": (64, 256),
+}
+KTILE, GROUP_ROWS = 128, 64
+
+
+def round_up(v, m):
+    return (v + m - 1) // m * m
+
+
+def expert_bytes():
+    """MXFP4 codes + UE8M0 scales of one expert, FC1 (W1, W3) and FC2 (W2)."""
+    w13 = 2 * I * K // 2 + 2 * I * K // 32
+    w2 = K * I // 2 + K * I // 32
+    return w13, w2
+
+
+def chunking(tokens):
+    """CudaMoe's chunks: per-token workspace as PlanRun lays it out for the SM120 path."""
+    xs, hs = round_up(K, KTILE), round_up(I, KTILE)
+    per_token = (xs + xs // 32) + TOPK * ((hs + hs // 32) + K * 4 + 4 * 4 + 8)
+    max_chunk = max(1, WORKSPACE_TARGET // per_token)
+    chunks = max(1, -(-tokens // max_chunk))
+    return chunks, -(-tokens // chunks), per_token
+
+
+def binomial_expectations(n, p, block_m):
+    """E[#experts with >= 1 pair] / E and E[ceil(n_e / block_m)] for n_e ~ Binomial(n, p)."""
+    touched, tiles = 0.0, 0.0
+    log_p, log_q = math.log(p), math.log1p(-p)
+    mean = n * p
+    sd = math.sqrt(n * p * (1 - p))
+    lo, hi = max(1, int(mean - 12 * sd) - 1), min(n, int(mean + 12 * sd) + 2)
+    for x in range(lo, hi + 1):
+        log_pmf = math.lgamma(n + 1) - math.lgamma(x + 1) - math.lgamma(n - x + 1) + x * log_p + (n - x) * log_q
+        pmf = math.exp(log_pmf)
+        touched += pmf
+        tiles += pmf * -(-x // block_m)
+    return touched, tiles
+
+
+def choose(pairs_per_expert):
+    return "m16" if pairs_per_expert <= 16.0 else "m64"
+
+
+def model(tokens):
+    chunks, chunk, per_token = chunking(tokens)
+    w13_bytes, w2_bytes = expert_bytes()
+    p = TOPK / E
+    touched_frac, _ = binomial_expectations(chunk, p, 1)
+    touched = E * touched_frac
+    pairs = chunk * TOPK
+    ppe = pairs / touched
+    cfg = choose(ppe)
+    block_m, block_n = CONFIGS[cfg]
+    _, tiles_per_expert = binomial_expectations(chunk, p, block_m)
+    tiles = E * tiles_per_expert  # expected token tiles in the chunk
+    n_blocks13 = -(-(2 * I) // block_n)
+    n_blocks2 = -(-K // block_n)
+    # MMAs: per tile (BLOCK_M / 16) x (rows / 8) x (K / 32); the weight rows are whole groups here.
+    mma13 = tiles * (block_m // 16) * (2 * I // 8) * (round_up(K, KTILE) // 32)
+    mma2 = tiles * (block_m // 16) * (K // 8) * (round_up(I, KTILE) // 32)
+    t_mma13, t_mma2 = mma13 / MMA_RATE, mma2 / MMA_RATE
+    # DRAM bytes of one chunk.
+    xs, hs = round_up(K, KTILE), round_up(I, KTILE)
+    b_w13, b_w2 = touched * w13_bytes, touched * w2_bytes
+    b_act13 = chunk * (xs + xs // 32) + pairs * (hs + hs // 32)  # xq read once from DRAM, h written
+    b_act2 = pairs * (hs + hs // 32) + pairs * K * 4             # h read, y written
+    b_prep = chunk * K * 2 + chunk * (xs + xs // 32)             # x read, xq written
+    b_comb = pairs * K * 4 + chunk * K * 2                       # y read, bf16 out written
+    t13 = max((b_w13 + b_act13) / DRAM_BPS, t_mma13)
+    t2 = max((b_w2 + b_act2) / DRAM_BPS, t_mma2)
+    t_other = (b_prep + b_comb) / DRAM_BPS + FIXED_PER_CHUNK_S
+    total = chunks * (t13 + t2 + t_other)
+    flop = 2 * tokens * TOPK * 3 * K * I
+    roof_bytes = E * (1 - (1 - p) ** tokens) * (w13_bytes + w2_bytes)
+    return dict(tokens=tokens, chunks=chunks, chunk=chunk, per_token=per_token, touched=touched, ppe=ppe, cfg=cfg,
+                block_m=block_m, block_n=block_n, tiles=tiles, ctas13=tiles * n_blocks13, ctas2=tiles * n_blocks2,
+                n_blocks13=n_blocks13, n_blocks2=n_blocks2, mma13=mma13, mma2=mma2, t_mma13=t_mma13, t_mma2=t_mma2,
+                b_w13=b_w13, b_w2=b_w2, b_act13=b_act13, b_act2=b_act2, b_prep=b_prep, b_comb=b_comb, t13=t13,
+                t2=t2, t_other=t_other, total=total, flop=flop, useful_mma=(mma13 + mma2) and
+                (pairs * 3 * K * I * 2 / MMA_FLOP) / (mma13 + mma2), roof_bytes=roof_bytes,
+                roof_s=max(roof_bytes / DRAM_BPS, flop / (MMA_RATE * MMA_FLOP)))
+
+
+def us(s):
+    return f"{s * 1e6:,.0f} us" if s < 1e-2 else f"{s * 1e3:,.2f} ms"
+
+
+def gb(b):
+    return f"{b / 1e9:,.3f} GB"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", default="1,8,32,1024,16384")
+    ap.add_argument("--markdown", action="store_true", help="only the summary table, as Markdown")
+    args = ap.parse_args()
+    rows = [model(int(t)) for t in args.tokens.split(",")]
+    w13_bytes, w2_bytes = expert_bytes()
+    if not args.markdown:
+        print(f"machine: {SMS} SMs, {DRAM_BPS / 1e12:.2f} TB/s, MMA m16n8k32 mxf8f6f4: {CLK_PER_MMA_PER_SMSP} clk/SMSP "
+              f"at {CLOCK_HZ / 1e9:.3f} GHz = {MMA_RATE:.3e} MMA/s = {MMA_RATE * MMA_FLOP / 1e15:.3f} PFLOP/s")
+        print(f"layer: E={E} K={K} I={I} k={TOPK}; per expert W13 {w13_bytes:,} B + W2 {w2_bytes:,} B "
+              f"= {(w13_bytes + w2_bytes) / 1e6:.2f} MB")
+        for r in rows:
+            print(f"\nT = {r['tokens']}: {r['chunks']} chunk(s) of {r['chunk']} tokens "
+                  f"(workspace {r['per_token']:,} B/token, 2 GiB target)")
+            print(f"  touched experts E*(1-(1-k/E)^T) = {r['touched']:.1f}; pairs/expert = {r['chunk'] * TOPK}/"
+                  f"{r['touched']:.1f} = {r['ppe']:.2f} -> config {r['cfg']} (BLOCK_M {r['block_m']}, "
+                  f"BLOCK_N {r['block_n']})")
+            print(f"  token tiles sum_e E[ceil(n_e/{r['block_m']})] = {r['tiles']:.1f}; CTAs FC1 {r['tiles']:.1f} x "
+                  f"{r['n_blocks13']} = {r['ctas13']:,.0f}, FC2 x {r['n_blocks2']} = {r['ctas2']:,.0f}")
+            print(f"  FC1: weights {r['touched']:.1f} x {w13_bytes:,} = {gb(r['b_w13'])} + activations "
+                  f"{gb(r['b_act13'])} -> {us((r['b_w13'] + r['b_act13']) / DRAM_BPS)}; MMAs {r['mma13']:,.0f} -> "
+                  f"{us(r['t_mma13'])}; takes {us(r['t13'])}")
+            print(f"  FC2: weights {gb(r['b_w2'])} + activations {gb(r['b_act2'])} -> "
+                  f"{us((r['b_w2'] + r['b_act2']) / DRAM_BPS)}; MMAs {r['mma2']:,.0f} -> {us(r['t_mma2'])}; "
+                  f"takes {us(r['t2'])}")
+            print(f"  quantize + combine: {gb(r['b_prep'] + r['b_comb'])} -> "
+                  f"{us((r['b_prep'] + r['b_comb']) / DRAM_BPS)} + fixed {us(FIXED_PER_CHUNK_S)}")
+            print(f"  predicted: {r['chunks']} x ({us(r['t13'])} + {us(r['t2'])} + {us(r['t_other'])}) = "
+                  f"{us(r['total'])}; MMA utilization (useful/issued) {100 * r['useful_mma']:.0f}%; roofline "
+                  f"(unique weights once, or useful FLOP at peak) {us(r['roof_s'])} = "
+                  f"{100 * r['roof_s'] / r['total']:.0f}% of it")
+    print("\n| T | chunks | touched experts | pairs/expert | config | CTAs FC1 / FC2 | DRAM bytes | DRAM time |"
+          " MMA time | predicted | roofline |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        dram = r["chunks"] * (r["b_w13"] + r["b_act13"] + r["b_w2"] + r["b_act2"] + r["b_prep"] + r["b_comb"])
+        mma = r["chunks"] * (r["t_mma13"] + r["t_mma2"])
+        print(f"| {r['tokens']} | {r['chunks']} | {r['touched']:.0f} | {r['ppe']:.1f} | {r['cfg']} | "
+              f"{r['chunks'] * r['ctas13']:,.0f} / {r['chunks'] * r['ctas2']:,.0f} | {gb(dram)} | {us(dram / DRAM_BPS)} | "
+              f"{us(mma)} | {us(r['total'])} | {us(r['roof_s'])} |")
+
+
+if __name__ == "__main__":
+    main()
