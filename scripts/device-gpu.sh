@@ -3,7 +3,8 @@
 # CLI (its `mxmoe bench` is the benchmark), check registers/SASS, run the GPU tests, a
 # compute-sanitizer pass on a small case, and the benchmark. Full logs go to $OUT (or
 # ./device-out); a short table is printed last.
-#   scripts/device-gpu.sh [all|build|test|sanitize|bench|profile|bench2] ...   (default: all)
+#   scripts/device-gpu.sh [all|build|test|sanitize|bench|profile|bench2|sm120] ...   (default: all;
+#   sm120, the SM120 path in emulation and its sm_120a SASS, only when named)
 #   GTEST_FILTER=... narrows the suite; BENCH_ARGS="--shapes kimi-k3 --tokens 1,8" narrows the
 #   benchmark (default: the whole sweep of `make bench`, with the PyTorch peer and the report).
 set -uo pipefail
@@ -98,6 +99,47 @@ if want bench2; then
     note "bench (forced $cfg): rc=$? in $(( $(secs) - t0 )) s"
     grep -E "^kimi-k3 " "$OUT/bench_$cfg.log" | sed "s/^/$cfg: /" | tee -a "$SUMMARY" >/dev/null
   done
+fi
+
+# Not part of `all` (it builds a second tree): `scripts/device-gpu.sh sm120`. A tree for sm_90a and
+# sm_120a with the SM120 kernels' sm_90a code emulating the block-scaled MMA; the whole GPU suite
+# through the SM120 path on this SM90 device (MXMOE_CUDA_PATH=sm120); registers and spills of the
+# SM120 kernels (-Xptxas -v) and the sm_120a SASS (the block-scaled MMA, local memory). docs/sm120.md.
+if [[ " $STAGES " == *" sm120 "* ]]; then
+  t0=$(secs)
+  B120=build-gpu-sm120
+  cmake -S . -B "$B120" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMXMOE_CUDA=ON -DMXMOE_CUDA_ARCHS="90a;120a" \
+    -DMXMOE_SM120_EMULATION=ON -DCMAKE_CUDA_FLAGS="-Xptxas -v" >"$OUT/sm120_configure.log" 2>&1 \
+    || { note "sm120 configure FAILED"; tail -20 "$OUT/sm120_configure.log"; exit 1; }
+  cmake --build "$B120" -j16 --target mxmoe_gpu_tests >"$OUT/sm120_build.log" 2>&1 \
+    || { note "sm120 build FAILED"; grep -E "error" "$OUT/sm120_build.log" | head -20; exit 1; }
+  note "sm120 build: ok in $(( $(secs) - t0 )) s"
+  # One line per SM120 kernel and target: config (warps M x N, m16 tiles per warp, stages), FC1/FC2,
+  # registers, spills.
+  awk '/Compiling entry function/ { if (name != "") print name " | " regs " | " spill; name = ""; regs = ""; spill = "";
+         if ($0 ~ /MoeGemmSm120Kernel|weight_prepack_sm120/) name = $0; next }
+       name != "" && /Used [0-9]+ registers/ { regs = $0 }
+       name != "" && /spill stores/ && spill == "" { spill = $0 }
+       END { if (name != "") print name " | " regs " | " spill }' "$OUT/sm120_build.log" \
+    | sed -E "s/.*GemmConfigILi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)ELi([0-9]+)EEELb([01]).*for '([a-z0-9_]+)'/gemm warps \1x\2 mfrags \3 stages \4 fc1=\6 \7/; s/.*RepackKernelILb([01]).*for '([a-z0-9_]+)'/repack w13=\1 \2/; s/ptxas info +: //g; s/ +/ /g" \
+    | sed 's/^/ptxas: /' | tee -a "$SUMMARY"
+  t0=$(secs)
+  MXMOE_CUDA_PATH=sm120 timeout "${TEST_TIMEOUT:-240}" "$B120/bin/mxmoe_gpu_tests" --gtest_filter="${GTEST_FILTER:-*}" \
+    >"$OUT/sm120_tests.log" 2>&1
+  rc=$?
+  note "sm120 tests (MXMOE_CUDA_PATH=sm120, emulated MMA): rc=$rc in $(( $(secs) - t0 )) s; $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]+ test|^\[  SKIPPED \] [0-9]+ test' "$OUT/sm120_tests.log" | tr '\n' ' ')"
+  grep -E "^\[  FAILED  \] [A-Z]" "$OUT/sm120_tests.log" | sort -u | head -20 | tee -a "$SUMMARY"
+  grep -E "Failure|error:" -A4 "$OUT/sm120_tests.log" | head -40
+  if command -v cuobjdump >/dev/null; then
+    for f in $(find "$B120" -path '*sm120*' -name '*.cu.o'); do
+      name=$(basename "$f" .cu.o)
+      cuobjdump -sass -arch sm_120a "$f" >"$OUT/sass120_$name.txt" 2>&1
+      s="$OUT/sass120_$name.txt"
+      note "sass sm_120a $name: QMMA.SF $(grep -c 'QMMA.SF' "$s") ($(grep -o 'QMMA[.A-Z0-9]*' "$s" | sort -u | tr '\n' ' ')) LDSM $(grep -c LDSM "$s") LDGSTS $(grep -c LDGSTS "$s") local(LDL/STL) $(grep -cE '\b(LDL|STL)\b' "$s") HMMA $(grep -c HMMA "$s")"
+    done
+  else
+    note "sass sm_120a: no cuobjdump on this machine"
+  fi
 fi
 
 echo

@@ -48,6 +48,10 @@ class CudaMoe {
 
   virtual const ExpertSet& Layout() const = 0;  // shape, slice and activation (weights dropped)
   virtual int Device() const = 0;
+  // Which kernels Create chose: "sm90" (compute capability 9.x), "sm120" (12.x) or
+  // "sm120-emulated" (the SM120 kernels on an SM90 device with the software model of the MMA,
+  // chosen by the environment variable MXMOE_CUDA_PATH=sm120 in a build with MXMOE_SM120_EMULATION).
+  virtual const char* Kernels() const = 0;
 
   // The device-side error word. The host cannot check topk_ids without a synchronization, so Run
   // and RunReference skip an id outside [-1, E) like -1 and add it to a counter on the device (ids

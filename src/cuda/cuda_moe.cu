@@ -1,7 +1,8 @@
-// CudaMoe for SM90: upload and repack at Create, the fused pipeline (Run) and the unfused GPU
-// reference (RunReference) on the caller's stream and workspace. Launch code only: the kernels
-// are in routing.cu, weight_prepack.cu, reference_kernels.cu and sm90/; the choices in
-// heuristics.cu.
+// CudaMoe: upload and repack at Create, the fused pipeline (Run) and the unfused GPU reference
+// (RunReference) on the caller's stream and workspace, for SM90 and SM120. The two share all of it
+// but the weight layout, the activation operands' format and the GEMM launches (KernelPath).
+// Launch code only: the kernels are in routing.cu, weight_prepack.cu, reference_kernels.cu, sm90/
+// and sm120/; the choices in heuristics.cu and sm120/moe_gemm_sm120_dispatch.cu.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 
 #include "cuda/heuristics.h"
 #include "cuda/moe_kernels.h"
+#include "cuda/sm120/sm120_kernels.h"
 #include "cuda/weight_layout.h"
 #include "mxmoe/cuda.h"
 
@@ -94,19 +96,269 @@ int MaxFiniteScale(const std::vector<uint8_t>& scales, int start) {
   return m;
 }
 
+// ---- what differs between the SM90 and the SM120 kernels --------------------------------------
+// The prepacked weights (layout, buffers, repack kernel), the format of the GEMMs' activation
+// operands in the workspace (the quantized input xq and the intermediate h) and the GEMM
+// launches. CudaMoeImpl shares everything else: upload staging, expert parameters, routing, the
+// combine, the unfused reference and the error word.
+
+// One chunk's buffers and routing, as the shared part of Run leaves them for the GEMMs.
+struct GemmCall {
+  int64_t chunk_tokens = 0;  // the chunk size the workspace was planned for: xq's and h's capacity
+  uint8_t* xq = nullptr;     // XqBytes(chunk_tokens)
+  uint8_t* h = nullptr;      // HBytes(chunk_tokens * top_k)
+  float* y = nullptr;        // [pairs, K] fp32 rows for the combine
+  const int32_t* sorted_pairs = nullptr;
+  const int32_t* expert_offsets = nullptr;
+  const int2* tiles = nullptr;
+  const int32_t* num_tiles = nullptr;
+  int64_t max_tiles = 0;  // an upper bound of *num_tiles, known on the host
+  int32_t top_k = 0;
+  const float* topk_weights = nullptr;
+  const ExpertParams* experts = nullptr;
+  ActivationType act = ActivationType::Situ;
+  const float* gate_bias = nullptr;
+  const float* up_bias = nullptr;
+};
+
+// A chunk's GEMM config and its routing tile (tokens per tile).
+struct GemmChoice {
+  int config = 0;
+  int tile_tokens = 1;
+  const char* name = "";
+};
+
+class KernelPath {
+ public:
+  virtual ~KernelPath() = default;
+  virtual const char* Name() const = 0;  // what CudaMoe::Kernels() reports
+  // The weight buffers of dims.num_local experts (freed by Free, on the caller's device).
+  virtual Status Allocate(const cuda::LayerDims& dims) = 0;
+  virtual void Free() = 0;
+  virtual cudaError_t Repack(const cuda::ExpertSource* sources, int count, int64_t first_local,
+                             const ExpertParams* params, cudaStream_t stream) const = 0;
+  virtual cudaError_t PrepareKernels() const = 0;
+  virtual size_t XqBytes(int64_t tokens) const = 0;
+  virtual size_t HBytes(int64_t pairs) const = 0;
+  virtual GemmChoice Choose(const cuda::LaunchChoice& launch) const = 0;
+  // Points the input quantization at call.xq, in this path's format.
+  virtual void SetQuantOutput(const GemmCall& call, cuda::PrepareParams* pp) const = 0;
+  virtual Status LaunchGemms(const GemmChoice& choice, const GemmCall& call, cudaStream_t stream) const = 0;
+  virtual void SetReferenceWeights(cuda::ReferenceParams* p) const = 0;
+
+ protected:
+  cuda::LayerDims dims_;
+};
+
+// SM90: bf16 operands for mma.sync / wgmma, weights in weight_layout.h (sm90/).
+class Sm90Path final : public KernelPath {
+ public:
+  const char* Name() const override { return "sm90"; }
+  Status Allocate(const cuda::LayerDims& dims) override {
+    dims_ = dims;
+    w13_ = PackedShape::Of(2 * dims.inter, dims.hidden);
+    w2_ = PackedShape::Of(dims.hidden, dims.inter);
+    const int64_t n = dims.num_local;
+    MXMOE_RETURN_IF_ERROR(w13_tiles_.Allocate(n * w13_.Tiles() * cuda::kTileBytes, "W13"));
+    MXMOE_RETURN_IF_ERROR(w13_scales_.Allocate(n * w13_.Tiles() * cuda::kTileScaleBytes, "W13 scales"));
+    MXMOE_RETURN_IF_ERROR(w2_tiles_.Allocate(n * w2_.Tiles() * cuda::kTileBytes, "W2"));
+    return w2_scales_.Allocate(n * w2_.Tiles() * cuda::kTileScaleBytes, "W2 scales");
+  }
+  void Free() override {
+    for (DeviceBuffer* b : {&w13_tiles_, &w13_scales_, &w2_tiles_, &w2_scales_}) b->Free();
+  }
+  cudaError_t Repack(const cuda::ExpertSource* sources, int count, int64_t first_local, const ExpertParams* params,
+                     cudaStream_t stream) const override {
+    return cuda::LaunchRepackExperts(sources, count, first_local, dims_.hidden, dims_.inter, w13_, w2_, params,
+                                     w13_tiles_.As<uint8_t>(), w13_scales_.As<uint8_t>(), w2_tiles_.As<uint8_t>(),
+                                     w2_scales_.As<uint8_t>(), stream);
+  }
+  cudaError_t PrepareKernels() const override { return cuda::PrepareGemmKernels(); }
+  size_t XqBytes(int64_t tokens) const override { return tokens * XStride() * 2; }
+  size_t HBytes(int64_t pairs) const override { return pairs * HStride() * 2; }
+  GemmChoice Choose(const cuda::LaunchChoice& launch) const override {
+    const cuda::GemmConfigInfo info = cuda::GemmInfo(launch.gemm);
+    return {static_cast<int>(launch.gemm), info.block_n, info.name};
+  }
+  void SetQuantOutput(const GemmCall& call, cuda::PrepareParams* pp) const override {
+    pp->xq = reinterpret_cast<uint16_t*>(call.xq);
+    pp->x_stride = XStride();
+  }
+  Status LaunchGemms(const GemmChoice& choice, const GemmCall& call, cudaStream_t stream) const override {
+    const cuda::GemmConfigId id = static_cast<cuda::GemmConfigId>(choice.config);
+    const int32_t m_tiles13 = static_cast<int32_t>((w13_.row_groups + cuda::kBlockRowGroups - 1) / cuda::kBlockRowGroups);
+    const int32_t m_tiles2 = static_cast<int32_t>((w2_.row_groups + cuda::kBlockRowGroups - 1) / cuda::kBlockRowGroups);
+    uint16_t* h = reinterpret_cast<uint16_t*>(call.h);
+    cuda::GemmParams g;
+    g.sorted_pairs = call.sorted_pairs;
+    g.expert_offsets = call.expert_offsets;
+    g.tiles = call.tiles;
+    g.num_tiles = call.num_tiles;
+    g.top_k = call.top_k;
+    g.experts = call.experts;
+    g.act = call.act;
+    g.gate_bias = call.gate_bias;
+    g.up_bias = call.up_bias;
+    g.h = h;
+    g.h_stride = HStride();
+    g.y = call.y;
+    g.y_stride = dims_.hidden;
+    g.topk_weights = call.topk_weights;
+
+    cuda::GemmParams g1 = g;
+    g1.a_tiles = w13_tiles_.As<uint8_t>();
+    g1.a_scales = w13_scales_.As<uint8_t>();
+    g1.a_shape = w13_;
+    g1.b = reinterpret_cast<const uint16_t*>(call.xq);
+    g1.b_stride = XStride();
+    g1.m_tiles = m_tiles13;
+    MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchGemm(id, true, g1, m_tiles13 * call.max_tiles, stream),
+                                    std::string("FC1 grouped GEMM (") + choice.name + ")"));
+    cuda::GemmParams g2 = g;
+    g2.a_tiles = w2_tiles_.As<uint8_t>();
+    g2.a_scales = w2_scales_.As<uint8_t>();
+    g2.a_shape = w2_;
+    g2.b = h;
+    g2.b_stride = g.h_stride;
+    g2.m_tiles = m_tiles2;
+    return CudaCheck(cuda::LaunchGemm(id, false, g2, m_tiles2 * call.max_tiles, stream),
+                     std::string("FC2 grouped GEMM (") + choice.name + ")");
+  }
+  void SetReferenceWeights(cuda::ReferenceParams* p) const override {
+    p->w13_tiles = w13_tiles_.As<uint8_t>();
+    p->w13_scales = w13_scales_.As<uint8_t>();
+    p->w13 = w13_;
+    p->w2_tiles = w2_tiles_.As<uint8_t>();
+    p->w2_scales = w2_scales_.As<uint8_t>();
+    p->w2 = w2_;
+  }
+
+ private:
+  int64_t XStride() const { return w13_.col_tiles * cuda::kTileCols; }  // bf16 elements
+  int64_t HStride() const { return w2_.col_tiles * cuda::kTileCols; }
+  PackedShape w13_, w2_;
+  DeviceBuffer w13_tiles_, w13_scales_, w2_tiles_, w2_scales_;
+};
+
+// SM120: e4m3 codes + UE8M0 scales as the block-scaled MMA takes them, weights in
+// sm120/weight_layout_sm120.h (sm120/). `emulated`: an SM90 device running the sm_90a build of the
+// same kernels with the software model of the MMA (docs/sm120.md).
+class Sm120Path final : public KernelPath {
+ public:
+  explicit Sm120Path(bool emulated) : emulated_(emulated) {}
+  const char* Name() const override { return emulated_ ? "sm120-emulated" : "sm120"; }
+  Status Allocate(const cuda::LayerDims& dims) override {
+    dims_ = dims;
+    w13_ = cuda::sm120::PackedShape::Of(2 * dims.inter, dims.hidden);
+    w2_ = cuda::sm120::PackedShape::Of(dims.hidden, dims.inter);
+    const int64_t n = dims.num_local;
+    MXMOE_RETURN_IF_ERROR(w13_codes_.Allocate(n * w13_.CodeBytes(), "W13 (SM120 layout)"));
+    MXMOE_RETURN_IF_ERROR(w13_scales_.Allocate(n * w13_.ScaleBytes(), "W13 scales (SM120 layout)"));
+    MXMOE_RETURN_IF_ERROR(w2_codes_.Allocate(n * w2_.CodeBytes(), "W2 (SM120 layout)"));
+    return w2_scales_.Allocate(n * w2_.ScaleBytes(), "W2 scales (SM120 layout)");
+  }
+  void Free() override {
+    for (DeviceBuffer* b : {&w13_codes_, &w13_scales_, &w2_codes_, &w2_scales_}) b->Free();
+  }
+  cudaError_t Repack(const cuda::ExpertSource* sources, int count, int64_t first_local, const ExpertParams*,
+                     cudaStream_t stream) const override {
+    return cuda::sm120::LaunchRepackExperts(sources, count, first_local, dims_.hidden, dims_.inter, w13_, w2_,
+                                            w13_codes_.As<uint8_t>(), w13_scales_.As<uint8_t>(),
+                                            w2_codes_.As<uint8_t>(), w2_scales_.As<uint8_t>(), stream);
+  }
+  cudaError_t PrepareKernels() const override { return cuda::sm120::PrepareGemmKernels(); }
+  size_t XqBytes(int64_t tokens) const override { return tokens * (XStride() + XStride() / kMxBlock); }
+  size_t HBytes(int64_t pairs) const override { return pairs * (HStride() + HStride() / kMxBlock); }
+  GemmChoice Choose(const cuda::LaunchChoice& launch) const override {
+    const cuda::sm120::GemmConfigId id = cuda::sm120::ChooseGemmConfig(launch.pairs_per_expert);
+    const cuda::sm120::GemmConfigInfo info = cuda::sm120::GemmInfo(id);
+    return {static_cast<int>(id), info.block_m, info.name};
+  }
+  void SetQuantOutput(const GemmCall& call, cuda::PrepareParams* pp) const override {
+    pp->xq_codes = call.xq;
+    pp->xq_scales = call.xq + call.chunk_tokens * XStride();
+    pp->x_stride = XStride();
+  }
+  Status LaunchGemms(const GemmChoice& choice, const GemmCall& call, cudaStream_t stream) const override {
+    const cuda::sm120::GemmConfigId id = static_cast<cuda::sm120::GemmConfigId>(choice.config);
+    const int64_t groups_per_cta = cuda::sm120::GemmInfo(id).block_n / cuda::sm120::kGroupRows;
+    const int64_t pair_capacity = call.chunk_tokens * call.top_k;
+    cuda::sm120::GemmParams g;
+    g.sorted_pairs = call.sorted_pairs;
+    g.expert_offsets = call.expert_offsets;
+    g.tiles = call.tiles;
+    g.num_tiles = call.num_tiles;
+    g.top_k = call.top_k;
+    g.experts = call.experts;
+    g.act = call.act;
+    g.gate_bias = call.gate_bias;
+    g.up_bias = call.up_bias;
+    g.inter = dims_.inter;
+    g.h_codes = call.h;
+    g.h_scales = call.h + pair_capacity * HStride();
+    g.h_stride = HStride();
+    g.h_scale_stride = HStride() / kMxBlock;
+    g.y = call.y;
+    g.y_stride = dims_.hidden;
+    g.topk_weights = call.topk_weights;
+
+    cuda::sm120::GemmParams g1 = g;
+    g1.a_codes = call.xq;
+    g1.a_scales = call.xq + call.chunk_tokens * XStride();
+    g1.a_stride = XStride();
+    g1.a_scale_stride = XStride() / kMxBlock;
+    g1.k_valid = dims_.hidden;
+    g1.b_codes = w13_codes_.As<uint8_t>();
+    g1.b_scales = w13_scales_.As<uint8_t>();
+    g1.b_shape = w13_;
+    g1.n_blocks = static_cast<int32_t>((w13_.groups + groups_per_cta - 1) / groups_per_cta);
+    MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::sm120::LaunchGemm(id, true, g1, g1.n_blocks * call.max_tiles, stream),
+                                    std::string("FC1 grouped GEMM (sm120 ") + choice.name + ")"));
+    cuda::sm120::GemmParams g2 = g;
+    g2.a_codes = g.h_codes;
+    g2.a_scales = g.h_scales;
+    g2.a_stride = g.h_stride;
+    g2.a_scale_stride = g.h_scale_stride;
+    g2.k_valid = dims_.inter;
+    g2.b_codes = w2_codes_.As<uint8_t>();
+    g2.b_scales = w2_scales_.As<uint8_t>();
+    g2.b_shape = w2_;
+    g2.n_blocks = static_cast<int32_t>((w2_.groups + groups_per_cta - 1) / groups_per_cta);
+    return CudaCheck(cuda::sm120::LaunchGemm(id, false, g2, g2.n_blocks * call.max_tiles, stream),
+                     std::string("FC2 grouped GEMM (sm120 ") + choice.name + ")");
+  }
+  void SetReferenceWeights(cuda::ReferenceParams* p) const override {
+    p->sm120_layout = true;
+    p->w13_tiles = w13_codes_.As<uint8_t>();
+    p->w13_scales = w13_scales_.As<uint8_t>();
+    p->w13_sm120 = w13_;
+    p->w2_tiles = w2_codes_.As<uint8_t>();
+    p->w2_scales = w2_scales_.As<uint8_t>();
+    p->w2_sm120 = w2_;
+  }
+
+ private:
+  int64_t XStride() const { return cuda::sm120::OperandStride(dims_.hidden); }  // bytes
+  int64_t HStride() const { return cuda::sm120::OperandStride(dims_.inter); }
+  bool emulated_;
+  cuda::sm120::PackedShape w13_, w2_;
+  DeviceBuffer w13_codes_, w13_scales_, w2_codes_, w2_scales_;
+};
+
 // ~2 GiB of workspace at most; larger calls run in token chunks (SPEC target: <= 2.5 GB at
 // T = 16384, k = 16 for Kimi-K3).
 constexpr size_t kWorkspaceTarget = size_t{2} << 30;
 // Device staging for the upload at Create, per buffer (two alternate).
 constexpr size_t kStagingTarget = size_t{256} << 20;
 
-class CudaMoeSm90 final : public CudaMoe {
+class CudaMoeImpl final : public CudaMoe {
  public:
-  ~CudaMoeSm90() override {
+  explicit CudaMoeImpl(std::unique_ptr<KernelPath> path) : path_(std::move(path)) {}
+  ~CudaMoeImpl() override {
     DeviceGuard guard;
     if (!guard.Enter(device_).ok()) return;
-    for (DeviceBuffer* b : {&w13_tiles_, &w13_scales_, &w2_tiles_, &w2_scales_, &params_, &gate_bias_, &up_bias_, &errors_})
-      b->Free();
+    path_->Free();
+    for (DeviceBuffer* b : {&params_, &gate_bias_, &up_bias_, &errors_}) b->Free();
   }
 
   Status Init(const ExpertSet& experts, int device);
@@ -122,6 +374,7 @@ class CudaMoeSm90 final : public CudaMoe {
                       size_t workspace_bytes, void* stream) const override;
   const ExpertSet& Layout() const override { return layout_; }
   int Device() const override { return device_; }
+  const char* Kernels() const override { return path_->Name(); }
   Status ReadErrors(int64_t* bad_expert_ids) const override;
   Status ResetErrors() const override;
   void SetDebugCheck(bool on) override { debug_check_ = on; }
@@ -142,8 +395,8 @@ class CudaMoeSm90 final : public CudaMoe {
     const size_t experts = static_cast<size_t>(dims_.num_local + 1);
     Arena a;
     RunLayout l;
-    l.xq = a.Take(chunk * w13_.col_tiles * cuda::kTileCols * 2);
-    l.h = a.Take(pairs * w2_.col_tiles * cuda::kTileCols * 2);
+    l.xq = a.Take(path_->XqBytes(chunk));
+    l.h = a.Take(path_->HBytes(static_cast<int64_t>(pairs)));
     l.y = a.Take(pairs * dims_.hidden * 4);
     l.keys_in = a.Take(pairs * 4);
     l.keys_out = a.Take(pairs * 4);
@@ -175,8 +428,8 @@ class CudaMoeSm90 final : public CudaMoe {
   int device_ = 0;
   cuda::LayerDims dims_;
   int64_t first_expert_ = 0;
-  PackedShape w13_, w2_;
-  DeviceBuffer w13_tiles_, w13_scales_, w2_tiles_, w2_scales_, params_, gate_bias_, up_bias_;
+  std::unique_ptr<KernelPath> path_;
+  DeviceBuffer params_, gate_bias_, up_bias_;
   bool has_bias_ = false;
   int key_bits_ = 1;
   size_t sort_temp_bytes_ = 0;
@@ -186,7 +439,7 @@ class CudaMoeSm90 final : public CudaMoe {
   bool pageable_access_ = false;  // the device reads pageable host memory (HMM / ATS)
 };
 
-Status CudaMoeSm90::Init(const ExpertSet& experts, int device) {
+Status CudaMoeImpl::Init(const ExpertSet& experts, int device) {
   device_ = device;
   DeviceGuard guard;
   MXMOE_RETURN_IF_ERROR(guard.Enter(device));
@@ -199,13 +452,11 @@ Status CudaMoeSm90::Init(const ExpertSet& experts, int device) {
   dims_.num_experts = experts.shape.num_experts;
   dims_.num_local = experts.NumLocalExperts();
   first_expert_ = experts.FirstExpert();
-  w13_ = PackedShape::Of(2 * dims_.inter, dims_.hidden);
-  w2_ = PackedShape::Of(dims_.hidden, dims_.inter);
   key_bits_ = 0;
   for (int64_t v = dims_.num_local; v > 0; v >>= 1) ++key_bits_;
 
   MXMOE_RETURN_IF_ERROR(Upload(experts));
-  MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::PrepareGemmKernels(), "configuring the GEMM kernels"));
+  MXMOE_RETURN_IF_ERROR(CudaCheck(path_->PrepareKernels(), std::string("configuring the GEMM kernels (") + path_->Name() + ")"));
   MXMOE_RETURN_IF_ERROR(errors_.Allocate(sizeof(unsigned long long), "the error word"));
   MXMOE_RETURN_IF_ERROR(CudaCheck(cudaMemset(errors_.ptr, 0, errors_.bytes), "clearing the error word"));
   MXMOE_RETURN_IF_ERROR(CudaCheck(cudaDeviceSynchronize(), "clearing the error word"));
@@ -228,12 +479,9 @@ Status CudaMoeSm90::Init(const ExpertSet& experts, int device) {
   return Status::Ok();
 }
 
-Status CudaMoeSm90::Upload(const ExpertSet& experts) {
+Status CudaMoeImpl::Upload(const ExpertSet& experts) {
   const int64_t n = dims_.num_local, k = dims_.hidden, i = dims_.inter;
-  MXMOE_RETURN_IF_ERROR(w13_tiles_.Allocate(n * w13_.Tiles() * cuda::kTileBytes, "W13"));
-  MXMOE_RETURN_IF_ERROR(w13_scales_.Allocate(n * w13_.Tiles() * cuda::kTileScaleBytes, "W13 scales"));
-  MXMOE_RETURN_IF_ERROR(w2_tiles_.Allocate(n * w2_.Tiles() * cuda::kTileBytes, "W2"));
-  MXMOE_RETURN_IF_ERROR(w2_scales_.Allocate(n * w2_.Tiles() * cuda::kTileScaleBytes, "W2 scales"));
+  MXMOE_RETURN_IF_ERROR(path_->Allocate(dims_));
 
   // Per-expert parameters; the scale shift keeps every stored exponent finite (StoredScale).
   std::vector<ExpertParams> params(n);
@@ -318,11 +566,9 @@ Status CudaMoeSm90::Upload(const ExpertSet& experts) {
     // The pageable source above is consumed before cudaMemcpyAsync returns, so host_sources
     // can be refilled by the next round.
     if (st.ok())
-      st = CudaCheck(cuda::LaunchRepackExperts(sources[buf].As<cuda::ExpertSource>(), static_cast<int>(count), e0,
-                                               k, i, w13_, w2_, params_.As<ExpertParams>(),
-                                               w13_tiles_.As<uint8_t>(), w13_scales_.As<uint8_t>(),
-                                               w2_tiles_.As<uint8_t>(), w2_scales_.As<uint8_t>(), stream),
-                     "weight repack kernel");
+      st = CudaCheck(path_->Repack(sources[buf].As<cuda::ExpertSource>(), static_cast<int>(count), e0,
+                                   params_.As<ExpertParams>(), stream),
+                     std::string("weight repack kernel (") + path_->Name() + ")");
     if (st.ok()) st = CudaCheck(cudaEventRecord(done[buf], stream), "cudaEventRecord");
   }
   if (st.ok()) st = CudaCheck(cudaStreamSynchronize(stream), "weight upload");
@@ -330,7 +576,7 @@ Status CudaMoeSm90::Upload(const ExpertSet& experts) {
   return st;
 }
 
-Status CudaMoeSm90::CheckCall(const MoeInput& in, const MoeOutput& out, void* workspace,
+Status CudaMoeImpl::CheckCall(const MoeInput& in, const MoeOutput& out, void* workspace,
                               size_t bytes) const {
   const size_t need = WorkspaceSize(in.num_tokens);
   if (workspace == nullptr || bytes < need)
@@ -354,7 +600,7 @@ Status CudaMoeSm90::CheckCall(const MoeInput& in, const MoeOutput& out, void* wo
 
 // Whether the kernels on device_ can dereference p. cudaPointerGetAttributes enqueues nothing and
 // does not synchronize, so the check is allowed while the caller's stream is being captured.
-Status CudaMoeSm90::CheckDevicePointer(const void* p, const char* name) const {
+Status CudaMoeImpl::CheckDevicePointer(const void* p, const char* name) const {
   cudaPointerAttributes a{};
   const cudaError_t e = cudaPointerGetAttributes(&a, p);
   if (e == cudaErrorInvalidValue) {
@@ -383,9 +629,9 @@ Status CudaMoeSm90::CheckDevicePointer(const void* p, const char* name) const {
 }
 
 // Debug mode around one call: the error word before and after, the stream synchronized.
-class CudaMoeSm90::DebugScope {
+class CudaMoeImpl::DebugScope {
  public:
-  DebugScope(const CudaMoeSm90& moe, cudaStream_t stream, const char* what)
+  DebugScope(const CudaMoeImpl& moe, cudaStream_t stream, const char* what)
       : moe_(moe), stream_(stream), what_(what) {}
   Status Begin() {
     if (!moe_.debug_check_) return Status::Ok();
@@ -412,14 +658,14 @@ class CudaMoeSm90::DebugScope {
     MXMOE_RETURN_IF_ERROR(CudaCheck(cudaMemcpyAsync(v, moe_.errors_.ptr, sizeof(*v), cudaMemcpyDeviceToHost, stream_), label));
     return CudaCheck(cudaStreamSynchronize(stream_), label);
   }
-  const CudaMoeSm90& moe_;
+  const CudaMoeImpl& moe_;
   cudaStream_t stream_;
   const char* what_;
   bool active_ = false;
   unsigned long long before_ = 0;
 };
 
-Status CudaMoeSm90::ReadErrors(int64_t* bad_expert_ids) const {
+Status CudaMoeImpl::ReadErrors(int64_t* bad_expert_ids) const {
   if (bad_expert_ids == nullptr) return Status::Invalid("ReadErrors: bad_expert_ids is null");
   DeviceGuard guard;
   MXMOE_RETURN_IF_ERROR(guard.Enter(device_));
@@ -429,14 +675,14 @@ Status CudaMoeSm90::ReadErrors(int64_t* bad_expert_ids) const {
   return Status::Ok();
 }
 
-Status CudaMoeSm90::ResetErrors() const {
+Status CudaMoeImpl::ResetErrors() const {
   DeviceGuard guard;
   MXMOE_RETURN_IF_ERROR(guard.Enter(device_));
   MXMOE_RETURN_IF_ERROR(CudaCheck(cudaMemsetAsync(errors_.ptr, 0, errors_.bytes, nullptr), "clearing the error word"));
   return CudaCheck(cudaStreamSynchronize(nullptr), "clearing the error word");
 }
 
-Status CudaMoeSm90::Run(const MoeInput& in, const MoeOutput& out, void* workspace,
+Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspace,
                         size_t workspace_bytes, void* stream_ptr) const {
   MXMOE_RETURN_IF_ERROR(ValidateMoeCall(layout_, in, out, /*check_ids=*/false));
   const int64_t t_count = in.num_tokens;
@@ -449,7 +695,7 @@ Status CudaMoeSm90::Run(const MoeInput& in, const MoeOutput& out, void* workspac
   MXMOE_RETURN_IF_ERROR(debug.Begin());
   const int64_t k_dim = dims_.hidden, top_k = dims_.top_k, n_local = dims_.num_local;
   const cuda::LaunchChoice choice = cuda::ChooseLaunch(dims_, t_count, max_chunk_run_);
-  const cuda::GemmConfigInfo info = cuda::GemmInfo(choice.gemm);
+  const GemmChoice gemm = path_->Choose(choice);
   const RunLayout l = PlanRun(choice.chunk_tokens);
   uint8_t* ws = static_cast<uint8_t*>(workspace);
   auto at = [ws](size_t off) { return ws + off; };
@@ -461,12 +707,22 @@ Status CudaMoeSm90::Run(const MoeInput& in, const MoeOutput& out, void* workspac
   int32_t* tile_offsets = reinterpret_cast<int32_t*>(at(l.tile_offsets));
   int2* tiles = reinterpret_cast<int2*>(at(l.tiles));
   int32_t* num_tiles = reinterpret_cast<int32_t*>(at(l.num_tiles));
-  uint16_t* xq = reinterpret_cast<uint16_t*>(at(l.xq));
-  uint16_t* h = reinterpret_cast<uint16_t*>(at(l.h));
   float* y = reinterpret_cast<float*>(at(l.y));
   const size_t out_elt = OutputDTypeSize(out.dtype);
-  const int32_t m_tiles13 = static_cast<int32_t>((w13_.row_groups + cuda::kBlockRowGroups - 1) / cuda::kBlockRowGroups);
-  const int32_t m_tiles2 = static_cast<int32_t>((w2_.row_groups + cuda::kBlockRowGroups - 1) / cuda::kBlockRowGroups);
+  GemmCall call;
+  call.chunk_tokens = choice.chunk_tokens;
+  call.xq = at(l.xq);
+  call.h = at(l.h);
+  call.y = y;
+  call.sorted_pairs = vals_out;
+  call.expert_offsets = offsets;
+  call.tiles = tiles;
+  call.num_tiles = num_tiles;
+  call.top_k = static_cast<int32_t>(top_k);
+  call.experts = params_.As<ExpertParams>();
+  call.act = layout_.activation.type;
+  call.gate_bias = gate_bias_.As<float>();
+  call.up_bias = up_bias_.As<float>();
 
   for (int64_t t0 = 0; t0 < t_count; t0 += choice.chunk_tokens) {
     const int64_t tc = std::min(choice.chunk_tokens, t_count - t0);
@@ -474,11 +730,10 @@ Status CudaMoeSm90::Run(const MoeInput& in, const MoeOutput& out, void* workspac
     cuda::PrepareParams pp;
     pp.num_tokens = tc;
     pp.hidden = k_dim;
-    pp.x_stride = w13_.col_tiles * cuda::kTileCols;
     if (in.x_bf16) pp.x_bf16 = in.x_bf16 + t0 * k_dim;
     if (in.x_e4m3) pp.x_e4m3 = in.x_e4m3 + t0 * k_dim;
     if (in.x_scale) pp.x_scale = in.x_scale + t0 * (k_dim / kMxBlock);
-    pp.xq = xq;
+    path_->SetQuantOutput(call, &pp);
     pp.topk_ids = in.topk_ids + t0 * top_k;
     pp.top_k = static_cast<int32_t>(top_k);
     pp.first_expert = first_expert_;
@@ -492,46 +747,14 @@ Status CudaMoeSm90::Run(const MoeInput& in, const MoeOutput& out, void* workspac
                                                     vals_out, pairs, key_bits_, stream),
                                     "routing sort"));
     MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchOffsetsAndTiles(keys_out, pairs, static_cast<int32_t>(n_local),
-                                                                info.block_n, offsets, tile_offsets, tiles,
+                                                                gemm.tile_tokens, offsets, tile_offsets, tiles,
                                                                 num_tiles, stream),
                                     "routing offsets kernel"));
-    // Tiles <= pairs / BLOCK_N + one partial tile per touched expert.
-    const int64_t max_tiles = std::min(pairs, (pairs + info.block_n - 1) / info.block_n + std::min(n_local, pairs));
-
-    cuda::GemmParams g;
-    g.sorted_pairs = vals_out;
-    g.expert_offsets = offsets;
-    g.tiles = tiles;
-    g.num_tiles = num_tiles;
-    g.top_k = static_cast<int32_t>(top_k);
-    g.experts = params_.As<ExpertParams>();
-    g.act = layout_.activation.type;
-    g.gate_bias = gate_bias_.As<float>();
-    g.up_bias = up_bias_.As<float>();
-    g.h = h;
-    g.h_stride = w2_.col_tiles * cuda::kTileCols;
-    g.y = y;
-    g.y_stride = k_dim;
-    g.topk_weights = in.topk_weights + t0 * top_k;
-
-    cuda::GemmParams g1 = g;
-    g1.a_tiles = w13_tiles_.As<uint8_t>();
-    g1.a_scales = w13_scales_.As<uint8_t>();
-    g1.a_shape = w13_;
-    g1.b = xq;
-    g1.b_stride = pp.x_stride;
-    g1.m_tiles = m_tiles13;
-    MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchGemm(choice.gemm, true, g1, m_tiles13 * max_tiles, stream),
-                                    std::string("FC1 grouped GEMM (") + info.name + ")"));
-    cuda::GemmParams g2 = g;
-    g2.a_tiles = w2_tiles_.As<uint8_t>();
-    g2.a_scales = w2_scales_.As<uint8_t>();
-    g2.a_shape = w2_;
-    g2.b = h;
-    g2.b_stride = g.h_stride;
-    g2.m_tiles = m_tiles2;
-    MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchGemm(choice.gemm, false, g2, m_tiles2 * max_tiles, stream),
-                                    std::string("FC2 grouped GEMM (") + info.name + ")"));
+    // Tiles <= pairs / tile + one partial tile per touched expert.
+    call.max_tiles =
+        std::min(pairs, (pairs + gemm.tile_tokens - 1) / gemm.tile_tokens + std::min(n_local, pairs));
+    call.topk_weights = in.topk_weights + t0 * top_k;
+    MXMOE_RETURN_IF_ERROR(path_->LaunchGemms(gemm, call, stream));
     MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchCombine(y, in.topk_ids + t0 * top_k, tc, static_cast<int32_t>(top_k),
                                                         k_dim, first_expert_, static_cast<int32_t>(n_local),
                                                         out.dtype, static_cast<uint8_t*>(out.data) + t0 * k_dim * out_elt,
@@ -541,7 +764,7 @@ Status CudaMoeSm90::Run(const MoeInput& in, const MoeOutput& out, void* workspac
   return debug.End();
 }
 
-Status CudaMoeSm90::RunReference(const MoeInput& in, const MoeOutput& out, void* workspace,
+Status CudaMoeImpl::RunReference(const MoeInput& in, const MoeOutput& out, void* workspace,
                                  size_t workspace_bytes, void* stream_ptr) const {
   MXMOE_RETURN_IF_ERROR(ValidateMoeCall(layout_, in, out, /*check_ids=*/false));
   const int64_t t_count = in.num_tokens;
@@ -574,12 +797,7 @@ Status CudaMoeSm90::RunReference(const MoeInput& in, const MoeOutput& out, void*
     if (in.x_scale) p.x_scale = in.x_scale + t0 * (k_dim / kMxBlock);
     p.topk_ids = in.topk_ids + t0 * top_k;
     p.topk_weights = in.topk_weights + t0 * top_k;
-    p.w13_tiles = w13_tiles_.As<uint8_t>();
-    p.w13_scales = w13_scales_.As<uint8_t>();
-    p.w13 = w13_;
-    p.w2_tiles = w2_tiles_.As<uint8_t>();
-    p.w2_scales = w2_scales_.As<uint8_t>();
-    p.w2 = w2_;
+    path_->SetReferenceWeights(&p);
     p.experts = params_.As<ExpertParams>();
     p.act = layout_.activation.type;
     p.gate_bias = gate_bias_.As<float>();
@@ -600,6 +818,42 @@ Status CudaMoeSm90::RunReference(const MoeInput& in, const MoeOutput& out, void*
 bool BuiltFor(const char* arch) {
   const std::string archs = " " + std::string(MXMOE_CUDA_ARCHS) + " ";
   return archs.find(std::string(" ") + arch + " ") != std::string::npos;
+}
+
+// Compute capability 12.x runs the SM120 kernels, 9.x the SM90 ones, or the SM120 kernels in
+// emulation when MXMOE_CUDA_PATH=sm120 (the whole GPU suite through the SM120 path on an H200,
+// docs/sm120.md). Anything else is refused, naming the capability.
+Status ChooseKernelPath(const cudaDeviceProp& prop, const std::string& who, std::unique_ptr<KernelPath>* out) {
+  const char* env = std::getenv("MXMOE_CUDA_PATH");
+  const std::string forced = env != nullptr ? env : "";
+  if (!forced.empty() && forced != "sm90" && forced != "sm120")
+    return Status::Invalid("MXMOE_CUDA_PATH=" + forced + ": expected sm90 or sm120 (or unset: chosen by the device)");
+  const std::string built = "built for '" + CudaArchsCompiled() + "'";
+  if (prop.major == 12) {
+    if (forced == "sm90")
+      return Status::Unsupported(who + ": MXMOE_CUDA_PATH=sm90, but the SM90 kernels need compute capability 9.x");
+    if (!BuiltFor("120a") && !BuiltFor("120f"))
+      return Status::Unsupported(who + ": this build holds no sm_120a code (" + built +
+                                 "; configure with MXMOE_CUDA_ARCHS including 120a)");
+    *out = std::make_unique<Sm120Path>(/*emulated=*/false);
+    return Status::Ok();
+  }
+  if (prop.major == 9) {
+    if (!BuiltFor("90a"))
+      return Status::Unsupported(who + ": this build holds no sm_90a code (" + built +
+                                 "; configure with MXMOE_CUDA_ARCHS including 90a)");
+    if (forced == "sm120") {
+      if (!cuda::sm120::EmulationBuilt())
+        return Status::Unsupported(who + ": MXMOE_CUDA_PATH=sm120 on an SM90 device needs the SM120 kernels' "
+                                   "emulation build (configure with -DMXMOE_SM120_EMULATION=ON)");
+      *out = std::make_unique<Sm120Path>(/*emulated=*/true);
+      return Status::Ok();
+    }
+    *out = std::make_unique<Sm90Path>();
+    return Status::Ok();
+  }
+  return Status::Unsupported(who + ": no kernels for this compute capability; the CUDA backend runs on "
+                             "SM90 (compute capability 9.x) and SM120 (12.x)");
 }
 
 }  // namespace
@@ -654,16 +908,9 @@ Status CudaMoe::Create(const ExpertSet& experts, int device, std::unique_ptr<Cud
   MXMOE_RETURN_IF_ERROR(CudaCheck(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties"));
   const std::string who = "device " + Str(device) + " (" + prop.name + ", compute capability " +
                           Str(prop.major) + "." + Str(prop.minor) + ")";
-  if (prop.major == 12)
-    return Status::Unsupported(who + ": SM120 kernels (block-scaled mma.sync) are not implemented "
-                               "yet; the CUDA backend runs on SM90 (compute capability 9.x)");
-  if (prop.major != 9)
-    return Status::Unsupported(who + ": no kernels for this compute capability; the CUDA backend "
-                               "runs on SM90 (compute capability 9.x)");
-  if (!BuiltFor("90a"))
-    return Status::Unsupported(who + ": this build holds no sm_90a code (built for '" +
-                               CudaArchsCompiled() + "'; configure with MXMOE_CUDA_ARCHS including 90a)");
-  auto impl = std::make_unique<CudaMoeSm90>();
+  std::unique_ptr<KernelPath> path;
+  MXMOE_RETURN_IF_ERROR(ChooseKernelPath(prop, who, &path));
+  auto impl = std::make_unique<CudaMoeImpl>(std::move(path));
   MXMOE_RETURN_IF_ERROR(impl->Init(experts, device));
   *out = std::move(impl);
   return Status::Ok();

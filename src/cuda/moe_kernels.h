@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "cuda/sm120/weight_layout_sm120.h"
 #include "cuda/weight_layout.h"
 #include "mxmoe/activation.h"
 #include "mxmoe/moe.h"
@@ -51,6 +52,11 @@ struct PrepareParams {
   const uint8_t* x_e4m3 = nullptr;
   const uint8_t* x_scale = nullptr;
   uint16_t* xq = nullptr;  // [T, x_stride] bf16: deq(mxfp8_quantize(x)), exact
+  // Or, when xq_codes is set (the SM120 path), mxfp8_quantize(x) as it is: [T, x_stride] e4m3
+  // codes (x_stride a multiple of 128 bytes) and [T, x_stride / 32] UE8M0 scales; a block whose
+  // scale is NaN gets NaN codes too. Columns past K are not written.
+  uint8_t* xq_codes = nullptr;
+  uint8_t* xq_scales = nullptr;
   const int32_t* topk_ids = nullptr;  // chunk rows [T, k]
   int32_t top_k = 0;
   int64_t first_expert = 0;
@@ -152,6 +158,10 @@ struct ReferenceParams {
   const uint8_t* w2_tiles = nullptr;
   const uint8_t* w2_scales = nullptr;
   PackedShape w2;
+  // The SM120 path's weights are in its own layout (sm120/weight_layout_sm120.h): then the
+  // pointers above point to it and these shapes describe it.
+  bool sm120_layout = false;
+  sm120::PackedShape w13_sm120, w2_sm120;
   const ExpertParams* experts = nullptr;
   ActivationType act = ActivationType::Situ;
   const float* gate_bias = nullptr;

@@ -21,6 +21,27 @@ __device__ bool LocalExpert(const ReferenceParams& p, int64_t pair, int64_t* loc
   return id >= 0 && l >= 0 && l < p.num_local;
 }
 
+// Local expert e's weights, one element dequantized, from whichever prepacked layout holds them:
+// W1 (up = false) or W3 row i, column k; W2 row n, column i.
+__device__ float W13At(const ReferenceParams& p, int64_t e, int64_t i, bool up, int64_t k, int shift) {
+  if (p.sm120_layout) {
+    const sm120::PackedShape& s = p.w13_sm120;
+    return sm120::PackedElement(p.w13_tiles + e * s.CodeBytes(), p.w13_scales + e * s.ScaleBytes(), s,
+                                sm120::Fc1PackedRow(i, up), k);
+  }
+  const int64_t row = (i / 8) * kTileRows + i % 8 + (up ? 8 : 0);  // gate and up interleaved by 8
+  return PackedElement(p.w13_tiles + e * p.w13.Tiles() * kTileBytes, p.w13_scales + e * p.w13.Tiles() * kTileScaleBytes,
+                       p.w13, shift, row, k);
+}
+__device__ float W2At(const ReferenceParams& p, int64_t e, int64_t n, int64_t i, int shift) {
+  if (p.sm120_layout) {
+    const sm120::PackedShape& s = p.w2_sm120;
+    return sm120::PackedElement(p.w2_tiles + e * s.CodeBytes(), p.w2_scales + e * s.ScaleBytes(), s, n, i);
+  }
+  return PackedElement(p.w2_tiles + e * p.w2.Tiles() * kTileBytes, p.w2_scales + e * p.w2.Tiles() * kTileScaleBytes,
+                       p.w2, shift, n, i);
+}
+
 // 1. xd = deq(mxfp8_quantize(x)), one thread per 32-block.
 __global__ void RefQuantizeKernel(const ReferenceParams p) {
   const int64_t blocks_per_row = p.hidden / kMxBlock;
@@ -52,16 +73,13 @@ __global__ void RefFc1Kernel(const ReferenceParams p) {
   for (int64_t k = threadIdx.x; k < p.hidden; k += kThreads) smem_x[k] = p.xd[t * p.hidden + k];
   __syncthreads();
   const int64_t i = static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x;
-  const uint8_t* tiles = p.w13_tiles + e * p.w13.Tiles() * kTileBytes;
-  const uint8_t* scales = p.w13_scales + e * p.w13.Tiles() * kTileScaleBytes;
   const ExpertParams ep = p.experts[e];
   float a = 0.0f;
   if (i < p.inter) {
-    const int64_t gate_row = (i / 8) * kTileRows + i % 8, up_row = gate_row + 8;
     float g = 0.0f, u = 0.0f;
     for (int64_t k = 0; k < p.hidden; ++k) {
-      g += smem_x[k] * PackedElement(tiles, scales, p.w13, ep.fc1_shift, gate_row, k);
-      u += smem_x[k] * PackedElement(tiles, scales, p.w13, ep.fc1_shift, up_row, k);
+      g += smem_x[k] * W13At(p, e, i, false, k, ep.fc1_shift);
+      u += smem_x[k] * W13At(p, e, i, true, k, ep.fc1_shift);
     }
     if (ep.has_gate_bias) g += p.gate_bias[e * p.inter + i];
     if (ep.has_up_bias) u += p.up_bias[e * p.inter + i];
@@ -88,11 +106,9 @@ __global__ void RefFc2Kernel(const ReferenceParams p) {
   __syncthreads();
   const int64_t n = static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x;
   if (n >= p.hidden) return;
-  const uint8_t* tiles = p.w2_tiles + e * p.w2.Tiles() * kTileBytes;
-  const uint8_t* scales = p.w2_scales + e * p.w2.Tiles() * kTileScaleBytes;
   const int shift = p.experts[e].fc2_shift;
   float y = 0.0f;
-  for (int64_t i = 0; i < p.inter; ++i) y += smem_h[i] * PackedElement(tiles, scales, p.w2, shift, n, i);
+  for (int64_t i = 0; i < p.inter; ++i) y += smem_h[i] * W2At(p, e, n, i, shift);
   p.y[pair * p.hidden + n] = p.topk_weights[pair] * y;
 }
 

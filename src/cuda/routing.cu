@@ -64,6 +64,23 @@ __global__ void __launch_bounds__(kThreads) PrepareKernel(const PrepareParams p,
       }
       scale = p.x_scale[t * blocks_per_row + b];
     }
+    if (p.xq_codes != nullptr) {
+      // The SM120 path: codes and scale as the block-scaled MMA takes them. A block whose scale is
+      // NaN also gets NaN codes, so it reads as NaN whether or not the hardware honours the scale.
+      uint32_t w[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        w[i] = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          w[i] |= static_cast<uint32_t>(scale == kUe8m0Nan ? 0x7Fu : codes[4 * i + j]) << (8 * j);
+      }
+      uint4* dst = reinterpret_cast<uint4*>(p.xq_codes + t * p.x_stride + b * kMxBlock);
+      dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
+      dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
+      p.xq_scales[t * (p.x_stride / kMxBlock) + b] = scale;
+      return;
+    }
     // deq(xq) = e4m3 * 2^s in fp32, exactly as the reference; exact in bf16 for realistic scales.
     const float s = ue8m0_to_float(scale);
     uint4* dst = reinterpret_cast<uint4*>(p.xq + t * p.x_stride + b * kMxBlock);
