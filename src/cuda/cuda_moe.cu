@@ -211,6 +211,7 @@ class Sm90Path final : public KernelPath {
     g1.a_shape = w13_;
     g1.b = reinterpret_cast<const uint16_t*>(call.xq);
     g1.b_stride = XStride();
+    g1.b_rows = call.chunk_tokens;
     g1.m_tiles = m_tiles13;
     MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchGemm(id, true, g1, m_tiles13 * call.max_tiles, stream),
                                     std::string("FC1 grouped GEMM (") + choice.name + ")"));
@@ -220,6 +221,7 @@ class Sm90Path final : public KernelPath {
     g2.a_shape = w2_;
     g2.b = h;
     g2.b_stride = g.h_stride;
+    g2.b_rows = call.chunk_tokens * call.top_k;
     g2.m_tiles = m_tiles2;
     return CudaCheck(cuda::LaunchGemm(id, false, g2, m_tiles2 * call.max_tiles, stream),
                      std::string("FC2 grouped GEMM (") + choice.name + ")");
@@ -832,9 +834,12 @@ Status ChooseKernelPath(const cudaDeviceProp& prop, const std::string& who, std:
   if (prop.major == 12) {
     if (forced == "sm90")
       return Status::Unsupported(who + ": MXMOE_CUDA_PATH=sm90, but the SM90 kernels need compute capability 9.x");
-    if (!BuiltFor("120a") && !BuiltFor("120f"))
-      return Status::Unsupported(who + ": this build holds no sm_120a code (" + built +
-                                 "; configure with MXMOE_CUDA_ARCHS including 120a)");
+    // NOTE: sm_120a code runs on compute capability 12.0 only; sm_120f (family) code on every 12.x
+    // (nvcc 13.0: compute_120f defines __CUDA_ARCH_FAMILY_SPECIFIC__=1200, which the MMA header
+    // accepts).
+    if (!BuiltFor("120f") && !(prop.minor == 0 && BuiltFor("120a")))
+      return Status::Unsupported(who + ": this build holds no code for it (" + built + "; configure with " +
+                                 "MXMOE_CUDA_ARCHS including " + (prop.minor == 0 ? "120a or 120f)" : "120f)"));
     *out = std::make_unique<Sm120Path>(/*emulated=*/false);
     return Status::Ok();
   }
