@@ -100,6 +100,7 @@ struct GemmParams {
   // token; FC2: the intermediate per sorted pair.
   const uint16_t* b = nullptr;
   int64_t b_stride = 0;
+  int64_t b_rows = 0;  // rows of b (its capacity): the wgmma kernels' tensor map spans them
   // Routing.
   const int32_t* sorted_pairs = nullptr;    // chunk-local pair ids t*k+j, grouped by expert
   const int32_t* expert_offsets = nullptr;  // [num_local + 1]

@@ -35,6 +35,11 @@ __device__ __forceinline__ uint32_t LdShared32(uint32_t smem_addr) {
   asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(smem_addr));
   return v;
 }
+// A barrier among `threads` threads (a multiple of 32) of the CTA, the others not taking part.
+// Id 0 is __syncthreads' barrier.
+__device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Wait until at most kPending committed groups are still in flight.
 template <int kPending>

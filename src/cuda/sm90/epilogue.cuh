@@ -22,6 +22,7 @@
 
 #include "core/activation_math.h"
 #include "cuda/moe_kernels.h"
+#include "cuda/ptx.cuh"
 #include "cuda/weight_layout.h"
 #include "mxmoe/formats.h"
 
@@ -62,8 +63,11 @@ __device__ __forceinline__ void StoreRequantized(const GemmParams& p, const floa
     dst[8 * f] = float_to_bf16(e4m3_to_float(float_to_e4m3(ldexpf(a[f], -s))) * scale);
 }
 
+// The named barrier the FC1 epilogue's warpgroups exchange amax through (0 is __syncthreads').
+inline constexpr int kEpilogueBarrier = 1;
+
 // FC1: activation of (gate, up) and MXFP8 re-quantization of the intermediate into h[sorted
-// position, i]. With two warpgroups, every thread of the CTA must call this (it holds a barrier);
+// position, i]. With two warpgroups, every thread of both must call this (it holds a barrier);
 // smem_amax then has 2 * 4 * kNTiles * 8 floats. Inactive warps (row groups past the matrix) pass
 // active = false: they take part in the exchange with zeros and store nothing.
 template <int kMFrags, int kNTiles, int kWGs>
@@ -112,7 +116,7 @@ __device__ __forceinline__ void Fc1Epilogue(const GemmParams& p, float (&acc)[kM
 #pragma unroll
         for (int q = 0; q < 2; ++q) smem_amax[(wg * kWarpRowGroups + warp) * kCols + nt * 8 + 2 * c + q] = amax[nt][q];
     }
-    __syncthreads();
+    ptx::NamedBarrierSync(kEpilogueBarrier, kWGs * 128);
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll

@@ -1,22 +1,29 @@
 // The prefill grouped GEMMs of the MoE on SM90 with warpgroup MMA (wgmma, HGMMA in SASS): the same
-// tiles, routing and fused epilogues as the mma.sync kernels (moe_gemm.cuh), with the tensor work
-// issued asynchronously so that dequantizing the next weights overlaps the current products.
+// tiles, routing and fused epilogues as the mma.sync kernels (moe_gemm.cuh), with the copies done
+// by the copy engine (TMA) and the tensor work issued asynchronously, so that dequantizing the next
+// weights overlaps the current products.
 //
 // Formulation ("swapped AB", as in moe_gemm.cuh): M = weight rows, N = tokens. A CTA computes 256
-// weight rows x BLOCK_N tokens of one expert over the whole reduction, in 64-wide steps:
-//   A: the prepacked MXFP4 tiles (weight_layout.h) are cp.async'ed to shared memory; each lane reads
-//      its 16-byte piece per row group and step and dequantizes it in registers, exactly, to the
-//      bf16 A fragment of wgmma's register ("RS") form, which is mma.m16n8k16's A fragment.
-//   B: the BLOCK_N gathered bf16 token rows, cp.async'ed into the 128-byte-swizzled K-major layout
-//      wgmma reads through a shared memory descriptor.
-// kWGs warpgroups (1 or 2) split the 256 rows: each issues kMFrags = 4 / kWGs m64 MMAs per k16
-// step. Warp w of warpgroup wg supplies row group 4 w + kMFrags wg + f as the rows of its MMA f
-// (epilogue.cuh), so for FC1 each warp's rows are whole MX blocks of the intermediate.
+// weight rows x BLOCK_N tokens of one expert over the whole reduction, in 64-wide steps.
+// Warp-specialized, three warpgroups:
+//   producer (warpgroup 0, one warp busy, few registers): per step, into a free stage, the block's
+//     prepacked MXFP4 tiles and scales with two 1D bulk copies (contiguous in weight_layout.h),
+//     and the BLOCK_N token rows of 64 bf16 through a tensor map with the 128-byte swizzle: FC1
+//     gathers one row per token (its own box), FC2's rows are one contiguous box. All complete
+//     on the stage's "full" mbarrier.
+//   2 consumers (warpgroups 1, 2): each owns 128 of the 256 rows (kMFrags = 2 m64 MMAs per k16
+//     step). Per k16 step a consumer dequantizes its A fragments from shared memory into
+//     registers (the "RS" form of wgmma: mma.m16n8k16's A fragment), fences, issues its MMAs
+//     as one group and waits until only that group is in flight. At the end of a step the step
+//     before has no MMA left: its stage goes back to the producer through the "empty" mbarrier.
+// Warp w of consumer wg supplies row group 4 w + 2 wg + f as the rows of its MMA f (epilogue.cuh),
+// so for FC1 each MX block of the intermediate lies in one warp of each consumer.
 //
-// Per k16 step a warpgroup dequantizes its A fragments into one of two register sets, fences,
-// issues its kMFrags MMAs as one group and waits until only that group is in flight: the next
-// step's dequantization then runs while the tensor cores work. Shared-memory stages are refilled
-// two steps behind the consumer, once no MMA can still read them.
+// Why TMA and not cp.async: cp.async writes shared memory through the generic proxy, which wgmma
+// may read only after a fence.proxy.async in each writing thread; that fence (MEMBAR in SASS) made
+// every step wait for all the thread's copies in flight, and a cp.async version of this kernel ran
+// slower than the mma.sync one (docs/perf-log.md, v2). Bulk copies write through the async proxy
+// and complete on an mbarrier, which needs no fence.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -27,6 +34,7 @@
 #include "cuda/moe_kernels.h"
 #include "cuda/ptx.cuh"
 #include "cuda/sm90/epilogue.cuh"
+#include "cuda/sm90/tensor_map.h"
 #include "cuda/sm90/tile_loader.cuh"
 #include "cuda/sm90/wgmma.cuh"
 #include "cuda/weight_layout.h"
@@ -34,11 +42,11 @@
 namespace mxmoe::cuda::sm90 {
 
 // ---- config -----------------------------------------------------------------------------------
-template <int kBlockN_, int kWGs_, int kStages_>
+template <int kBlockN_, int kStages_>
 struct WgmmaConfig {
-  static constexpr int kWGs = kWGs_;
-  static constexpr int kThreads = 128 * kWGs;
-  static constexpr int kMFrags = kWarpRowGroups / kWGs;  // m64 MMAs per warpgroup and k16 step
+  static constexpr int kConsumers = 2;  // consumer warpgroups
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kMFrags = kWarpRowGroups / kConsumers;  // m64 MMAs per consumer and k16 step
   static constexpr int kBlockM = kBlockRowGroups * kTileRows;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kNTiles = kBlockN / 8;
@@ -48,14 +56,18 @@ struct WgmmaConfig {
   static constexpr int kSubA = kBlockRowGroups * kTileBytes;
   static constexpr int kSubScales = kBlockRowGroups * kTileScaleBytes;
   static constexpr int kSmemStage = (kSubB + kSubA + kSubScales + 1023) / 1024 * 1024;
-  static constexpr int kSmemAmax = kWGs > 1 ? kWGs * kWarpRowGroups * kBlockN * 4 : 0;
+  static constexpr int kSmemAmax = kConsumers * kWarpRowGroups * kBlockN * 4;
+  static constexpr int kSmemBars = 2 * kStages * 8;
   // Dynamic shared memory is only 16-byte aligned: 1 KB of slack to align the stages.
-  static constexpr int kSmemBytes = 1024 + kStages * kSmemStage + kSmemAmax;
+  static constexpr int kSmemBytes = 1024 + kStages * kSmemStage + kSmemAmax + kSmemBars;
+  // NOTE: 65536 registers per SM: 128 x 40 + 256 x 232 = 64512.
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
 
-  static_assert(kWGs == 1 || kWGs == 2, "one or two consumer warpgroups");
   static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= 128, "wgmma N: a multiple of 8 (<= 128 here)");
-  static_assert(kStages >= 3 && kStages <= 8, "stages: the refill runs two steps behind the consumer");
+  static_assert(kStages >= 2 && kStages <= 8, "stages");
   static_assert(kSmemBytes <= 227 * 1024, "SM90 shared memory per block");
+  static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "register file");
 };
 
 // ---- device pieces ----------------------------------------------------------------------------
@@ -96,35 +108,76 @@ __device__ __forceinline__ void IssueStep(const uint4 (&frag_a)[Cfg::kMFrags], c
 }
 
 // ---- kernel -----------------------------------------------------------------------------------
+// tensor_map: p.b as 64-column boxes of one row (FC1: gathered tokens) or of BLOCK_N rows (FC2).
 template <class Cfg, bool kFc1>
-__global__ void __launch_bounds__(Cfg::kThreads, 1) MoeWgmmaKernel(const __grid_constant__ GemmParams p) {
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    MoeWgmmaKernel(const __grid_constant__ GemmParams p, const __grid_constant__ CUtensorMap tensor_map) {
 #if MXMOE_WGMMA_AVAILABLE
   extern __shared__ uint8_t smem_raw[];
   __shared__ int32_t smem_rows[Cfg::kBlockN];  // B source row of each tile column, -1 past the segment
-  // Stages as shared-window addresses (cp.async, ld.shared and the descriptors take those).
+  // Stages as shared-window addresses (the copies, ld.shared and the descriptors take those).
   const uint32_t smem = (ptx::SmemAddr(smem_raw) + 1023u) & ~1023u;
-  float* smem_amax = reinterpret_cast<float*>(smem_raw + (smem - ptx::SmemAddr(smem_raw)) + Cfg::kStages * Cfg::kSmemStage);
-
-  const int tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 3, wg = tid >> 7;
-  TileCoords tc;
-  if (!ReadTile<Cfg::kBlockN, kFc1>(p, tid, Cfg::kThreads, smem_rows, &tc)) return;
-  StepLoader<Cfg::kBlockN, Cfg::kThreads> loader;
-  loader.Init(p, tc, smem_rows, tid);
-  const int k_tiles = static_cast<int>(p.a_shape.col_tiles);
-  // Rows are padded to 64, so a warp's kMFrags row groups (4 consecutive with the other
-  // warpgroup's) are all real or all padding. Padding warps still take part in the warpgroup's
-  // MMAs (they are collective), on zeros.
-  const bool active = FragRowGroup<Cfg::kMFrags, Cfg::kWGs>(warp, wg, 0) < loader.groups;
-
+  uint8_t* smem_generic = smem_raw + (smem - ptx::SmemAddr(smem_raw));
+  float* smem_amax = reinterpret_cast<float*>(smem_generic + Cfg::kStages * Cfg::kSmemStage);
+  const uint32_t bars = smem + Cfg::kStages * Cfg::kSmemStage + Cfg::kSmemAmax;
+  auto full_bar = [&](int s) { return bars + 8u * s; };
+  auto empty_bar = [&](int s) { return bars + 8u * (Cfg::kStages + s); };
   auto stage_b = [&](int s) { return smem + s * Cfg::kSmemStage; };
   auto stage_a = [&](int s) { return smem + s * Cfg::kSmemStage + Cfg::kSubB; };
   auto stage_s = [&](int s) { return smem + s * Cfg::kSmemStage + Cfg::kSubB + Cfg::kSubA; };
-  constexpr int kAhead = Cfg::kStages - 2;  // steps in flight ahead of the consumer
-#pragma unroll
-  for (int s = 0; s < kAhead; ++s) {
-    if (s < k_tiles) loader.IssueNext(stage_a(s), stage_s(s), stage_b(s), tid, p.b);
-    ptx::CpAsyncCommit();
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 3, role = tid >> 7;
+  if (tid == 0) {
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      wgmma::MbarInit(full_bar(s), 1);                           // the producer's arrival + bytes
+      wgmma::MbarInit(empty_bar(s), Cfg::kConsumers * 4);        // one arrival per consumer warp
+    }
+    wgmma::FenceMbarInit();
   }
+  TileCoords tc;
+  if (!ReadTile<Cfg::kBlockN, kFc1>(p, tid, Cfg::kThreads, smem_rows, &tc)) return;  // (a barrier)
+  const PackedShape& shape = p.a_shape;
+  const int k_tiles = static_cast<int>(shape.col_tiles);
+  const int groups = static_cast<int>(shape.GroupsInBlock(tc.group0 / kBlockRowGroups));
+
+  if (role == 0) {
+    // ---- producer ----
+    wgmma::RegDealloc<Cfg::kProducerRegs>();
+    if (warp != 0) return;
+    const int64_t first_tile = static_cast<int64_t>(tc.expert) * shape.Tiles() + shape.TileIndex(tc.group0, 0);
+    const uint8_t* gmem_a = p.a_tiles + first_tile * kTileBytes;
+    const uint8_t* gmem_s = p.a_scales + first_tile * kTileScaleBytes;
+    const uint32_t a_bytes = groups * kTileBytes, s_bytes = groups * kTileScaleBytes;
+    // FC1 gathers its tokens row by row; FC2's rows are the tile's sorted positions, one box.
+    const uint32_t b_bytes = kFc1 ? tc.n_valid * 128u : Cfg::kBlockN * 128u;
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      const int s = kt % Cfg::kStages;
+      if (kt >= Cfg::kStages) wgmma::MbarWait(empty_bar(s), ((kt / Cfg::kStages) - 1) & 1);
+      if (lane == 0) {
+        wgmma::MbarArriveExpectTx(full_bar(s), a_bytes + s_bytes + b_bytes);
+        wgmma::BulkLoad(stage_a(s), gmem_a + static_cast<int64_t>(kt) * a_bytes, a_bytes, full_bar(s));
+        wgmma::BulkLoad(stage_s(s), gmem_s + static_cast<int64_t>(kt) * s_bytes, s_bytes, full_bar(s));
+        if (!kFc1) wgmma::TensorLoad2d(stage_b(s), &tensor_map, kt * kTileCols, tc.seg_begin, full_bar(s));
+      }
+      if (kFc1) {
+        __syncwarp();  // the bytes are announced before any row can complete
+        // NOTE: the copy engine swizzles by shared-memory address bits (16-byte unit ^ bits 7..9),
+        // so a one-row box written at row n's 128-byte slot lands where a whole 1024-byte-aligned
+        // 8-row box would put it.
+        for (int n = lane; n < tc.n_valid; n += 32)
+          wgmma::TensorLoad2d(stage_b(s) + n * 128, &tensor_map, kt * kTileCols, smem_rows[n], full_bar(s));
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  wgmma::RegAlloc<Cfg::kConsumerRegs>();
+  const int wg = role - 1;
+  // Rows are padded to 64, so a warp's row groups (4 consecutive with the other consumer's) are
+  // all real or all padding. Padding warps still take part in the warpgroup's MMAs (they are
+  // collective), on zeros.
+  const bool active = FragRowGroup<Cfg::kMFrags, Cfg::kConsumers>(warp, wg, 0) < groups;
 
   float acc[Cfg::kMFrags][Cfg::kNTiles][4];
 #pragma unroll
@@ -137,22 +190,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) MoeWgmmaKernel(const __grid_
 
   const int g = lane >> 2;
   for (int kt = 0; kt < k_tiles; ++kt) {
-    ptx::CpAsyncWait<kAhead - 1>();  // step kt has landed for this thread (one commit per step)
-    wgmma::FenceProxyAsyncShared();  // ... and is visible to the tensor cores' reads
-    __syncthreads();                 // ... for every thread; stage (kt - 2) is no longer read
-    const int next = kt + kAhead;
-    if (next < k_tiles) {
-      const int s = next % Cfg::kStages;
-      loader.IssueNext(stage_a(s), stage_s(s), stage_b(s), tid, p.b);
-    }
-    ptx::CpAsyncCommit();
-
     const int s = kt % Cfg::kStages;
+    wgmma::MbarWait(full_bar(s), (kt / Cfg::kStages) & 1);
     uint4 frag_a[Cfg::kMFrags];
     uint32_t frag_s[Cfg::kMFrags];
 #pragma unroll
     for (int f = 0; f < Cfg::kMFrags; ++f) {
-      const int group = FragRowGroup<Cfg::kMFrags, Cfg::kWGs>(warp, wg, f);
+      const int group = FragRowGroup<Cfg::kMFrags, Cfg::kConsumers>(warp, wg, f);
       frag_a[f] = active ? ptx::LdShared128(stage_a(s) + group * kTileBytes + lane * 16) : make_uint4(0, 0, 0, 0);
       frag_s[f] = active ? ptx::LdShared32(stage_s(s) + group * kTileScaleBytes + g * 4) : 0u;
     }
@@ -164,16 +208,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) MoeWgmmaKernel(const __grid_
     IssueStep<Cfg, 1>(frag_a, frag_s, areg, desc_b, acc);
     IssueStep<Cfg, 2>(frag_a, frag_s, areg, desc_b, acc);
     IssueStep<Cfg, 3>(frag_a, frag_s, areg, desc_b, acc);
+    // Every MMA of step kt - 1 has completed: its stage is free.
+    if (kt > 0 && lane == 0) wgmma::MbarArrive(empty_bar((kt - 1) % Cfg::kStages));
   }
   wgmma::Wait<0>();
 #pragma unroll
   for (int f = 0; f < Cfg::kMFrags; ++f) wgmma::FenceOperand(acc[f]);
-  ptx::CpAsyncWait<0>();
 
   if constexpr (kFc1) {
-    Fc1Epilogue<Cfg::kMFrags, Cfg::kNTiles, Cfg::kWGs>(p, acc, tc, warp, wg, lane, active, smem_amax);
+    Fc1Epilogue<Cfg::kMFrags, Cfg::kNTiles, Cfg::kConsumers>(p, acc, tc, warp, wg, lane, active, smem_amax);
   } else {
-    if (active) Fc2Epilogue<Cfg::kMFrags, Cfg::kNTiles, Cfg::kWGs>(p, acc, tc, warp, wg, lane);
+    if (active) Fc2Epilogue<Cfg::kMFrags, Cfg::kNTiles, Cfg::kConsumers>(p, acc, tc, warp, wg, lane);
   }
 #else
   __trap();  // built for sm_90a only; cuda_moe.cu refuses other devices before launching
@@ -194,9 +239,14 @@ template <class Cfg>
 cudaError_t LaunchWgmmaConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, cudaStream_t stream) {
   if (grid_ctas <= 0) return cudaSuccess;
   if (grid_ctas > INT_MAX) return cudaErrorInvalidConfiguration;
+  // The map spans b's capacity (at least one row, for an empty call the grid exits at once).
+  CUtensorMap map;
+  cudaError_t e = MakeBf16RowMap(&map, p.b, p.a_shape.cols, p.b_rows > 0 ? p.b_rows : 1, p.b_stride,
+                                 fc1 ? 1 : Cfg::kBlockN);
+  if (e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>(grid_ctas));
-  if (fc1) MoeWgmmaKernel<Cfg, true><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  else MoeWgmmaKernel<Cfg, false><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  if (fc1) MoeWgmmaKernel<Cfg, true><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, map);
+  else MoeWgmmaKernel<Cfg, false><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, map);
   return cudaGetLastError();
 }
 
@@ -206,7 +256,7 @@ GemmConfigInfo WgmmaInfoOf(const char* name) {
 }
 
 // The instantiations, one per translation unit (moe_wgmma_*.cu).
-using ConfigWg64 = WgmmaConfig<64, 1, 4>;    // 1 warpgroup, 128 accumulators per thread: 2 CTAs per SM
-using ConfigWg128 = WgmmaConfig<128, 2, 5>;  // 2 warpgroups share the token tile: half the dequantization per FLOP
+using ConfigWg64 = WgmmaConfig<64, 8>;    // fewer idle columns when experts get 50-100 tokens
+using ConfigWg128 = WgmmaConfig<128, 6>;  // the widest tile: the least dequantization per FLOP
 
 }  // namespace mxmoe::cuda::sm90

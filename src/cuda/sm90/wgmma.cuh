@@ -63,6 +63,78 @@ __device__ __forceinline__ void FenceProxyAsyncShared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
+// ---- mbarriers, bulk copies (TMA) and register reallocation, for the warp-specialized kernels --
+// A shared-memory mbarrier expecting `count` arrivals per phase.
+__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
+#if MXMOE_WGMMA_AVAILABLE
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+// Makes initialized mbarriers visible to the other threads and to the copy engine.
+__device__ __forceinline__ void FenceMbarInit() {
+#if MXMOE_WGMMA_AVAILABLE
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+// One arrival that also announces `bytes` to be delivered by bulk copies in this phase.
+__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
+#if MXMOE_WGMMA_AVAILABLE
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+#if MXMOE_WGMMA_AVAILABLE
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
+// Waits until the phase of parity `parity` has completed.
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
+#if MXMOE_WGMMA_AVAILABLE
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "MXMOE_WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra MXMOE_WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+#endif
+}
+// `bytes` (a multiple of 16) from global to shared memory through the copy engine, completing on
+// `bar` (PTX ISA, cp.async.bulk).
+__device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+#if MXMOE_WGMMA_AVAILABLE
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+#endif
+}
+// The box of a 2D tensor map at (column c0, row c1) to shared memory, completing on `bar`
+// (PTX ISA, cp.async.bulk.tensor). The map's swizzle is applied on the way.
+__device__ __forceinline__ void TensorLoad2d(uint32_t dst, const void* tensor_map, int32_t c0, int32_t c1,
+                                             uint32_t bar) {
+#if MXMOE_WGMMA_AVAILABLE
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          dst),
+      "l"(tensor_map), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+#endif
+}
+// Moves registers between warpgroups (PTX ISA, setmaxnreg): the kernel's register cap at entry
+// (__launch_bounds__ with a minimum of 1 block) is the starting point.
+template <int kRegs>
+__device__ __forceinline__ void RegAlloc() {
+#if MXMOE_WGMMA_AVAILABLE
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
+template <int kRegs>
+__device__ __forceinline__ void RegDealloc() {
+#if MXMOE_WGMMA_AVAILABLE
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
+
 // Keeps the compiler from moving accesses of an accumulator across the asynchronous MMAs that own
 // it (an empty asm that "reads and writes" the register).
 template <int kN>

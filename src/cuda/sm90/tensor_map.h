@@ -1,0 +1,17 @@
+// Tensor maps (TMA descriptors) for the wgmma kernels' token operand, made on the host per launch.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace mxmoe::cuda::sm90 {
+
+// A 2D map over bf16 rows: `rows` rows of `cols` valid elements, `row_stride` elements apart,
+// read in boxes of 64 columns (128 bytes, one swizzle row) x box_rows rows, with the 128-byte
+// swizzle wgmma's K-major operand uses; columns and rows outside the tensor read as zeros.
+cudaError_t MakeBf16RowMap(CUtensorMap* map, const uint16_t* base, int64_t cols, int64_t rows,
+                           int64_t row_stride, int box_rows);
+
+}  // namespace mxmoe::cuda::sm90
