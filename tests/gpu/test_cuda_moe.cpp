@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -219,19 +220,231 @@ TEST(CudaMoeSmall, OutOfRangeIdsAreSkipped) {
   EXPECT_TRUE(MoeCloseF32(dc.RunF32(true), ref, {in.num_tokens, s.hidden}, s.top_k * s.intermediate));
 }
 
-TEST(CudaMoeSmall, NanInputPoisonsOnlyItsToken) {
+// SPEC section 2: NaN or Inf in x makes the affected token NaN and leaves every other token exact:
+// bitwise what the same call gives with that token's x made finite (same T and routing, hence the
+// same launch), for the fused pipeline and the GPU reference.
+TEST(CudaMoeSmall, NonFiniteInputPoisonsOnlyItsToken) {
   MXMOE_REQUIRE_SM90();
   const LayerShape s{8, 128, 64, 2};
-  ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 61);
+  uint64_t seed = 60;
+  for (ActivationType kind : {ActivationType::Situ, ActivationType::SwigluBias}) {
+    ExpertSet set = SyntheticSet(s, Act(kind), ++seed, {}, kind == ActivationType::SwigluBias);
+    auto moe = MakeCudaMoe(set);
+    ASSERT_TRUE(moe);
+    // NaN, +Inf, -Inf, a negative NaN with payload.
+    for (uint16_t bad : {uint16_t{0x7FC0}, uint16_t{0x7F80}, uint16_t{0xFF80}, uint16_t{0xFFC1}}) {
+      char what[64];
+      std::snprintf(what, sizeof(what), "%s, x = bf16 0x%04x", ActivationName(kind), bad);
+      SCOPED_TRACE(what);
+      const SyntheticInput clean = Input(s, 6, RoutingPattern::kUniform, ++seed);
+      SyntheticInput in = clean;
+      const int64_t bad_t = 2;
+      in.x_bf16[bad_t * s.hidden + 77] = bad;
+      const auto ref = CpuF32(set, in, false);
+      for (bool reference : {false, true}) {
+        DeviceCase dc(*moe, in), dc_clean(*moe, clean);
+        const auto got = dc.RunF32(reference);
+        const auto want = dc_clean.RunF32(reference);
+        for (int64_t n = 0; n < s.hidden; ++n) ASSERT_TRUE(std::isnan(got[bad_t * s.hidden + n])) << n;
+        for (int64_t t = 0; t < in.num_tokens; ++t) {
+          if (t == bad_t) continue;
+          const std::vector<float> g(got.begin() + t * s.hidden, got.begin() + (t + 1) * s.hidden);
+          const std::vector<float> w(want.begin() + t * s.hidden, want.begin() + (t + 1) * s.hidden);
+          EXPECT_TRUE(BitwiseEqual(g, w, {1, s.hidden})) << "token " << t << (reference ? " (GPU reference)" : "");
+        }
+        EXPECT_TRUE(AllClose(got, ref, MoeTolF32(ref, s.top_k * s.intermediate), {in.num_tokens, s.hidden}));  // NaN matches NaN
+        const auto got16 = dc.RunBf16(reference);
+        for (int64_t n = 0; n < s.hidden; ++n) ASSERT_TRUE(std::isnan(bf16_to_float(got16[bad_t * s.hidden + n]))) << n;
+      }
+    }
+  }
+}
+
+// A NaN scale (UE8M0 0xFF) or a NaN code (E4M3 0x7F) in pre-quantized x: the token is NaN, the
+// others are exact. (E4M3 has no infinity.)
+TEST(CudaMoeSmall, NanInPrequantizedInputPoisonsOnlyItsToken) {
+  MXMOE_REQUIRE_SM90();
+  const LayerShape s{8, 128, 64, 3};
+  ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 66);
   auto moe = MakeCudaMoe(set);
   ASSERT_TRUE(moe);
-  SyntheticInput in = Input(s, 6, RoutingPattern::kUniform, 62);
-  in.x_bf16[2 * s.hidden + 5] = 0x7FC0;  // NaN in token 2
-  const auto ref = CpuF32(set, in, false);
+  const SyntheticInput in = Input(s, 5, RoutingPattern::kUniform, 67);
+  std::vector<uint8_t> codes(in.x_bf16.size()), scales(in.x_bf16.size() / kMxBlock);
+  for (size_t b = 0; b < scales.size(); ++b) {
+    float v[kMxBlock];
+    for (int i = 0; i < kMxBlock; ++i) v[i] = bf16_to_float(in.x_bf16[b * kMxBlock + i]);
+    scales[b] = mxfp8_quantize_block(v, codes.data() + b * kMxBlock);
+  }
+  const int64_t blocks_per_row = s.hidden / kMxBlock;
+  for (int variant = 0; variant < 2; ++variant) {
+    std::vector<uint8_t> bad_codes = codes, bad_scales = scales;
+    const int64_t bad_t = 1 + variant * 2;
+    if (variant == 0) bad_scales[bad_t * blocks_per_row + 1] = kUe8m0Nan;
+    else bad_codes[bad_t * s.hidden + 40] = 0x7F;
+    DeviceCase dc(*moe, in), dc_clean(*moe, in);
+    dc.UseFp8(bad_codes, bad_scales);
+    dc_clean.UseFp8(codes, scales);
+    for (bool reference : {false, true}) {
+      const auto got = dc.RunF32(reference);
+      const auto want = dc_clean.RunF32(reference);
+      for (int64_t t = 0; t < in.num_tokens; ++t)
+        for (int64_t n = 0; n < s.hidden; ++n) {
+          const size_t i = static_cast<size_t>(t * s.hidden + n);
+          if (t == bad_t) ASSERT_TRUE(std::isnan(got[i])) << "variant " << variant << " n " << n;
+          else ASSERT_EQ(detail::Bits(got[i]), detail::Bits(want[i])) << "variant " << variant << " t " << t << " n " << n;
+        }
+    }
+  }
+}
+
+// ---- the device-side error word ----------------------------------------------------------------
+// Ids outside [-1, E) are counted, once per call that reads them, by Run (one atomic per block of
+// the routing kernel; T*k spans many blocks here) and RunReference; ids of other EP ranks are not.
+TEST(CudaMoeErrors, BadIdsAreCountedInTheErrorWord) {
+  MXMOE_REQUIRE_SM90();
+  const LayerShape s{8, 128, 64, 4};
+  ParallelSlice slice;
+  slice.ep_size = 2;
+  slice.ep_rank = 1;  // local experts 4..7; ids 0..3 belong to the other rank
+  ExpertSet set = SyntheticSet(s, Act(ActivationType::Swiglu), 201, slice);
+  auto moe = MakeCudaMoe(set);
+  ASSERT_TRUE(moe);
+  EXPECT_FALSE(moe->DebugCheck());  // MXMOE_DEBUG_CHECK is not set for the suite
+  int64_t count = -1;
+  ASSERT_TRUE(moe->ReadErrors(&count).ok());
+  EXPECT_EQ(count, 0);
+  EXPECT_EQ(moe->ReadErrors(nullptr).code(), StatusCode::kInvalidArgument);
+
+  const SyntheticInput clean = Input(s, 1000, RoutingPattern::kWithInvalid, 202);
+  SyntheticInput in = clean;
+  SyntheticInput cleaned = clean;  // bad ids as -1, for the reference (which refuses them)
+  const int32_t junk[] = {8, 9, 1000000, -2, -7, 2147483647, -2147483647 - 1};
+  int64_t bad = 0;
+  for (size_t i = 0; i < in.topk_ids.size(); i += 7) {
+    in.topk_ids[i] = junk[bad % 7];
+    in.topk_weights[i] = NAN;  // a skipped slot's weight is never read
+    cleaned.topk_ids[i] = -1;
+    ++bad;
+  }
+  const auto ref = CpuF32(set, cleaned, false);
+  const std::vector<int64_t> dims{in.num_tokens, s.hidden};
+  const int64_t pw = s.top_k * s.intermediate;
+  {
+    DeviceCase dc(*moe, clean);  // -1 and other ranks' ids only
+    dc.RunF32();
+    dc.RunF32(true);
+    ASSERT_TRUE(moe->ReadErrors(&count).ok());
+    EXPECT_EQ(count, 0);
+  }
   DeviceCase dc(*moe, in);
-  const auto got = dc.RunF32();
-  for (int64_t n = 0; n < s.hidden; ++n) EXPECT_TRUE(std::isnan(got[2 * s.hidden + n])) << n;
-  EXPECT_TRUE(AllClose(got, ref, MoeTolF32(ref, s.top_k * s.intermediate), {in.num_tokens, s.hidden}));  // NaN matches NaN
+  EXPECT_TRUE(MoeCloseF32(dc.RunF32(), ref, dims, pw));
+  ASSERT_TRUE(moe->ReadErrors(&count).ok());
+  EXPECT_EQ(count, bad);
+  EXPECT_TRUE(MoeCloseF32(dc.RunF32(true), ref, dims, pw));
+  ASSERT_TRUE(moe->ReadErrors(&count).ok());
+  EXPECT_EQ(count, 2 * bad);
+  ASSERT_TRUE(moe->ResetErrors().ok());
+  ASSERT_TRUE(moe->ReadErrors(&count).ok());
+  EXPECT_EQ(count, 0);
+
+  // Debug mode: the call reports the bad ids of this call (not the earlier ones), output intact.
+  dc.RunF32();
+  moe->SetDebugCheck(true);
+  for (bool reference : {false, true}) {
+    dc.Poison();
+    const Status st = dc.Launch(OutputDType::kF32, reference);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+    EXPECT_NE(st.message().find("topk_ids: " + std::to_string(bad) + " expert ids"), std::string::npos) << st.message();
+    EXPECT_TRUE(MoeCloseF32(dc.Fetch<float>(), ref, dims, pw));
+  }
+  {
+    DeviceCase ok_case(*moe, clean);
+    ok_case.Poison();
+    const Status st = ok_case.Launch(OutputDType::kBF16, false);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+  }
+  // Captured with debug mode on: no synchronization in the capture; each replay counts.
+  ASSERT_TRUE(moe->ResetErrors().ok());
+  cudaStream_t stream;
+  MXMOE_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  MXMOE_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const Status captured = dc.Launch(OutputDType::kF32, false, stream);
+  MXMOE_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  ASSERT_TRUE(captured.ok()) << captured.ToString();
+  cudaGraphExec_t exec;
+  MXMOE_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int r = 0; r < 3; ++r) MXMOE_CUDA_OK(cudaGraphLaunch(exec, stream));
+  MXMOE_CUDA_OK(cudaStreamSynchronize(stream));
+  ASSERT_TRUE(moe->ReadErrors(&count).ok());
+  EXPECT_EQ(count, 3 * bad);
+  EXPECT_TRUE(MoeCloseF32(dc.Fetch<float>(), ref, dims, pw));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  moe->SetDebugCheck(false);
+}
+
+// Host memory where device memory is required is refused naming the tensor (unless the device
+// reads pageable memory, HMM / ATS: then the call must work); mapped pinned memory works.
+TEST(CudaApi, RefusesHostPointersNamingTheTensor) {
+  MXMOE_REQUIRE_SM90();
+  const LayerShape s{8, 128, 64, 2};
+  ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 211);
+  auto moe = MakeCudaMoe(set);
+  ASSERT_TRUE(moe);
+  const SyntheticInput in = Input(s, 9, RoutingPattern::kUniform, 212);
+  DeviceCase dc(*moe, in);
+  const auto want = dc.RunF32();
+  int pageable = 0;
+  MXMOE_CUDA_OK(cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, 0));
+  std::printf("device 0 pageable memory access: %d\n", pageable);
+  std::vector<float> host_out(static_cast<size_t>(in.num_tokens * s.hidden));
+  std::vector<uint8_t> host_ws(dc.workspace_bytes() + 256);
+  void* host_ws_aligned = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(host_ws.data()) + 255) / 256 * 256);
+  struct Case {
+    const char* name;
+    MoeInput in;
+    MoeOutput out;
+    void* ws;
+  };
+  auto with = [&](auto mutate) {
+    Case c{"", dc.Input(), dc.Output(OutputDType::kF32), dc.workspace()};
+    mutate(c);
+    return c;
+  };
+  const Case cases[] = {
+      with([&](Case& c) { c.name = "x_bf16", c.in.x_bf16 = in.x_bf16.data(); }),
+      with([&](Case& c) { c.name = "topk_ids", c.in.topk_ids = in.topk_ids.data(); }),
+      with([&](Case& c) { c.name = "topk_weights", c.in.topk_weights = in.topk_weights.data(); }),
+      with([&](Case& c) { c.name = "output", c.out.data = host_out.data(); }),
+      with([&](Case& c) { c.name = "workspace", c.ws = host_ws_aligned; }),
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    for (bool reference : {false, true}) {
+      const Status st = reference ? moe->RunReference(c.in, c.out, c.ws, dc.workspace_bytes(), nullptr)
+                                  : moe->Run(c.in, c.out, c.ws, dc.workspace_bytes(), nullptr);
+      if (pageable) {
+        EXPECT_TRUE(st.ok()) << st.ToString();
+        MXMOE_CUDA_OK(cudaDeviceSynchronize());
+      } else {
+        EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+        EXPECT_EQ(st.message().rfind(std::string(c.name) + ": host memory", 0), 0u) << st.message();
+      }
+    }
+  }
+  // Pinned (mapped) host memory is readable by the device: accepted, same result.
+  int32_t* pinned_ids = nullptr;
+  MXMOE_CUDA_OK(cudaMallocHost(&pinned_ids, in.topk_ids.size() * sizeof(int32_t)));
+  std::copy(in.topk_ids.begin(), in.topk_ids.end(), pinned_ids);
+  MoeInput pinned = dc.Input();
+  pinned.topk_ids = pinned_ids;
+  dc.Poison();
+  const Status st = moe->Run(pinned, dc.Output(OutputDType::kF32), dc.workspace(), dc.workspace_bytes(), nullptr);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_TRUE(BitwiseEqual(dc.Fetch<float>(), want, {in.num_tokens, s.hidden}));
+  cudaFreeHost(pinned_ids);
 }
 
 // ---- model shapes against the CPU backend -------------------------------------------------------
