@@ -309,7 +309,8 @@ TEST(CudaMoeErrors, BadIdsAreCountedInTheErrorWord) {
   ExpertSet set = SyntheticSet(s, Act(ActivationType::Swiglu), 201, slice);
   auto moe = MakeCudaMoe(set);
   ASSERT_TRUE(moe);
-  EXPECT_FALSE(moe->DebugCheck());  // MXMOE_DEBUG_CHECK is not set for the suite
+  moe->SetDebugCheck(false);  // whatever MXMOE_DEBUG_CHECK says: switched on below
+  EXPECT_FALSE(moe->DebugCheck());
   int64_t count = -1;
   ASSERT_TRUE(moe->ReadErrors(&count).ok());
   EXPECT_EQ(count, 0);
@@ -350,6 +351,7 @@ TEST(CudaMoeErrors, BadIdsAreCountedInTheErrorWord) {
   // Debug mode: the call reports the bad ids of this call (not the earlier ones), output intact.
   dc.RunF32();
   moe->SetDebugCheck(true);
+  EXPECT_TRUE(moe->DebugCheck());
   for (bool reference : {false, true}) {
     dc.Poison();
     const Status st = dc.Launch(OutputDType::kF32, reference);

@@ -113,6 +113,7 @@ TEST(Stress, KimiK3ShapeT65536Top16RunsInChunks) {
   ASSERT_TRUE(MakeSyntheticExperts(s, act, {}, opt, &set).ok());
   auto moe = MakeCudaMoe(set);
   ASSERT_TRUE(moe);
+  moe->SetDebugCheck(false);  // these calls hold bad ids on purpose; the error word counts them
   set.experts.clear();
   set.experts.shrink_to_fit();
   SyntheticInput in = LargeInput(s, t_count, 302);
@@ -174,6 +175,7 @@ TEST(Stress, TenThousandCallsNoDriftNoGrowth) {
   ExpertSet set = SyntheticSet(s, act, 311);
   auto moe = MakeCudaMoe(set);
   ASSERT_TRUE(moe);
+  moe->SetDebugCheck(false);  // these calls hold bad ids on purpose; the error word counts them
   const int64_t max_t = 2048, t_a = 7, t_b = 777, calls = 10000;
   SyntheticInput in;
   MakeSyntheticInput(s, max_t, RoutingPattern::kWithInvalid, 312, &in);
