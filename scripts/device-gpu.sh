@@ -21,7 +21,7 @@ secs() { date +%s; }
 
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /' | tee -a "$SUMMARY"
 
-if want build || want test || want sanitize || want bench || want profile || want bench2; then
+if want build || want test || want sanitize || want bench || want profile || want bench2 || want kprofile || want dist; then
   t0=$(secs)
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMXMOE_CUDA=ON -DMXMOE_CUDA_ARCHS=90a \
     -DCMAKE_CUDA_FLAGS="-Xptxas -v" >"$OUT/configure.log" 2>&1 || { note "configure FAILED"; tail -20 "$OUT/configure.log"; exit 1; }
@@ -46,6 +46,7 @@ if want test; then
   note "tests: rc=$rc in $(( $(secs) - t0 )) s; $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]+ test' "$OUT/tests.log" | tr '\n' ' ')"
   grep -E "^\[  FAILED  \] [A-Z]" "$OUT/tests.log" | sort -u | head -20 | tee -a "$SUMMARY"
   grep -E "Failure|error:" -A4 "$OUT/tests.log" | head -60
+  grep -E "^differential:|^stress:|^WorkspaceSize|^Run T=|^\[ router \]" "$OUT/tests.log" | head -12 | tee -a "$SUMMARY"
 fi
 
 if want sanitize; then
@@ -91,6 +92,29 @@ if want profile; then
   grep -E "Compute \(SM\) Throughput|Memory Throughput|Duration|Achieved Occupancy|Theoretical Occupancy|Registers Per|Stall|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc A" "$OUT/ncu.log" | head -30 | tee -a "$SUMMARY" >/dev/null
 fi
 
+if want kprofile; then
+  # Kernel durations of the prefill GEMMs per config (Nsight Compute, clocks left alone): FC1 and
+  # FC2 of the bench's check run, Kimi-K3 shape with 128 experts, T = 4096.
+  for cfg in ${BENCH_CONFIGS:-n32 wg128}; do
+    MXMOE_GEMM_CONFIG=$cfg timeout 90 ncu --clock-control none -k regex:'Moe(Gemm|Wgmma)Kernel' --metrics gpu__time_duration.sum -c 2 \
+      "$BUILD/bin/mxmoe" bench --shapes kimi-k3 --routing uniform --experts 128 --tokens 4096 --repeats 1 --warmup 0 --no-graph \
+      >"$OUT/kprofile_$cfg.log" 2>&1
+    note "kernel durations ($cfg, 128 experts, T = 4096): rc=$? $(grep -E 'gpu__time_duration.sum' "$OUT/kprofile_$cfg.log" | awk '{print $NF " " $(NF-1)}' | tr '\n' ' ')"
+  done
+fi
+if want python; then
+  # The CUDA wheel and the whole pytest suite (CUDA, torch, the router, the FlashInfer entry point).
+  t0=$(secs)
+  MXMOE_PYTHON_CUDA=1 MXMOE_CUDA_ARCHS=90a timeout "${PY_TIMEOUT:-300}" make test-python >"$OUT/python.log" 2>&1
+  note "python (CUDA wheel): rc=$? in $(( $(secs) - t0 )) s; $(grep -E '[0-9]+ (passed|failed)' "$OUT/python.log" | tail -1)"
+  grep -E "^FAILED|Error" "$OUT/python.log" | head -10 | tee -a "$SUMMARY"
+fi
+if want dist; then
+  t0=$(secs)
+  { cmake --build "$BUILD" -j16 --target mxmoe_dist && ctest --test-dir "$BUILD" -R '^dist\.' --output-on-failure; } >"$OUT/dist.log" 2>&1
+  note "dist: rc=$? in $(( $(secs) - t0 )) s; $(grep -E 'tests passed|tests failed' "$OUT/dist.log" | tail -1)"
+  grep -E "max relative error|result:|all-reduce" "$OUT/dist.log" | head -8 | tee -a "$SUMMARY"
+fi
 if want bench2; then
   # Prefill with each forced GEMM config (BENCH_CONFIGS), against the heuristics' choice above.
   for cfg in ${BENCH_CONFIGS:-n32 wg64 wg128}; do
