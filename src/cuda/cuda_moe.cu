@@ -212,6 +212,18 @@ class Sm90Path final : public KernelPath {
     g1.b = reinterpret_cast<const uint16_t*>(call.xq);
     g1.b_stride = XStride();
     g1.b_rows = call.chunk_tokens;
+    if (cuda::GemmLoadsSortedRows(id)) {
+      // The wgmma kernels load a tile's tokens as one box: gather them in sorted order first, into
+      // y's space (y is written only by FC2, and a bf16 row of XStride() fits in an fp32 row of K).
+      uint16_t* xs = reinterpret_cast<uint16_t*>(call.y);
+      const int64_t max_rows = call.chunk_tokens * call.top_k;
+      MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchGatherRows(g1.b, XStride(), dims_.hidden, call.sorted_pairs,
+                                                             call.expert_offsets + dims_.num_local, call.top_k,
+                                                             max_rows, xs, stream),
+                                      "token gather kernel"));
+      g1.b = xs;
+      g1.b_rows = max_rows;
+    }
     g1.m_tiles = m_tiles13;
     MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchGemm(id, true, g1, m_tiles13 * call.max_tiles, stream),
                                     std::string("FC1 grouped GEMM (") + choice.name + ")"));

@@ -85,6 +85,13 @@ cudaError_t LaunchOffsetsAndTiles(const int32_t* sorted_keys, int64_t n, int32_t
                                   int32_t block_n, int32_t* expert_offsets, int32_t* tile_offsets,
                                   int2* tiles, int32_t* num_tiles, cudaStream_t stream);
 
+// xs[pos, :K] = xq[sorted_pairs[pos] / top_k, :K] for the first *valid_rows sorted positions (of
+// at most max_rows): each expert's tokens as consecutive rows, for the kernels that load a tile's
+// tokens as one box (the wgmma GEMMs). Strides in elements; columns past K are not touched.
+cudaError_t LaunchGatherRows(const uint16_t* xq, int64_t stride, int64_t hidden, const int32_t* sorted_pairs,
+                             const int32_t* valid_rows, int32_t top_k, int64_t max_rows, uint16_t* xs,
+                             cudaStream_t stream);
+
 // out[t] = sum over valid slots j, in order, of y[t*k + j] (fp32), then the output dtype.
 cudaError_t LaunchCombine(const float* y, const int32_t* topk_ids, int64_t num_tokens,
                           int32_t top_k, int64_t hidden, int64_t first_expert, int32_t num_local,
@@ -124,6 +131,11 @@ struct GemmParams {
 // mma.sync kernels (sm90/moe_gemm.cuh) for decode; wgmma kernels (sm90/moe_wgmma.cuh) for prefill.
 enum class GemmConfigId : int { kN8 = 0, kN32 = 1, kN64 = 2, kWg64 = 3, kWg128 = 4 };
 inline constexpr int kNumGemmConfigs = 5;
+// Whether a config's FC1 reads its tokens as rows in sorted order (LaunchGatherRows first) rather
+// than gathering them from xq itself.
+inline constexpr bool GemmLoadsSortedRows(GemmConfigId id) {
+  return id == GemmConfigId::kWg64 || id == GemmConfigId::kWg128;
+}
 
 struct GemmConfigInfo {
   const char* name;

@@ -3,6 +3,8 @@
 // the deterministic combine. Everything stays on the device: no host synchronization.
 #include <cub/cub.cuh>
 
+#include <cstdint>
+
 #include "cuda/moe_kernels.h"
 #include "mxmoe/formats.h"
 
@@ -239,6 +241,34 @@ cudaError_t LaunchOffsetsAndTiles(const int32_t* sorted_keys, int64_t n, int32_t
                                   int2* tiles, int32_t* num_tiles, cudaStream_t stream) {
   OffsetsTilesKernel<<<1, kTileThreads, 0, stream>>>(sorted_keys, n, num_local, block_n,
                                                      expert_offsets, tile_offsets, tiles, num_tiles);
+  return cudaGetLastError();
+}
+
+namespace {
+
+constexpr int kGatherWarps = 8;
+
+// One warp per sorted position, 16 bytes per lane and iteration.
+__global__ void __launch_bounds__(32 * kGatherWarps)
+    GatherRowsKernel(const uint16_t* xq, int64_t stride, int64_t hidden, const int32_t* sorted_pairs,
+                     const int32_t* valid_rows, int32_t top_k, uint16_t* xs) {
+  const int64_t pos = static_cast<int64_t>(blockIdx.x) * kGatherWarps + (threadIdx.x >> 5);
+  if (pos >= *valid_rows) return;
+  const uint4* src = reinterpret_cast<const uint4*>(xq + static_cast<int64_t>(sorted_pairs[pos] / top_k) * stride);
+  uint4* dst = reinterpret_cast<uint4*>(xs + pos * stride);
+  for (int64_t u = threadIdx.x & 31; u < hidden / 8; u += 32) dst[u] = src[u];
+}
+
+}  // namespace
+
+cudaError_t LaunchGatherRows(const uint16_t* xq, int64_t stride, int64_t hidden, const int32_t* sorted_pairs,
+                             const int32_t* valid_rows, int32_t top_k, int64_t max_rows, uint16_t* xs,
+                             cudaStream_t stream) {
+  const int64_t blocks = (max_rows + kGatherWarps - 1) / kGatherWarps;
+  if (blocks == 0) return cudaSuccess;
+  if (blocks > INT32_MAX || hidden % 8 != 0 || stride % 8 != 0) return cudaErrorInvalidValue;
+  GatherRowsKernel<<<static_cast<unsigned>(blocks), 32 * kGatherWarps, 0, stream>>>(xq, stride, hidden, sorted_pairs,
+                                                                                  valid_rows, top_k, xs);
   return cudaGetLastError();
 }
 

@@ -6,10 +6,11 @@
 // Formulation ("swapped AB", as in moe_gemm.cuh): M = weight rows, N = tokens. A CTA computes 256
 // weight rows x BLOCK_N tokens of one expert over the whole reduction, in 64-wide steps.
 // Warp-specialized, three warpgroups:
-//   producers (warpgroup 0, few registers): per step, into a free stage, the block's prepacked
-//     MXFP4 tiles and scales with two 1D bulk copies (contiguous in weight_layout.h), and the
-//     BLOCK_N token rows of 64 bf16 in the 128-byte swizzle: FC2's rows are consecutive, one box
-//     of a tensor map; FC1's are gathered tokens, 16-byte cp.async pieces. All complete on the
+//   producer (warpgroup 0, one warp busy, few registers): per step, into a free stage, the block's
+//     prepacked MXFP4 tiles and scales with two 1D bulk copies (contiguous in weight_layout.h),
+//     and the BLOCK_N token rows of 64 bf16 as one box of a tensor map with the 128-byte swizzle.
+//     The rows are the tile's sorted positions: FC2's intermediate is written in that order, and
+//     for FC1 the tokens are gathered into it first (LaunchGatherRows). All complete on the
 //     stage's "full" mbarrier.
 //   2 consumers (warpgroups 1, 2): each owns 128 of the 256 rows (kMFrags = 2 m64 MMAs per k16
 //     step). Per k16 step a consumer dequantizes its A fragments from shared memory into
@@ -19,10 +20,11 @@
 // Warp w of consumer wg supplies row group 4 w + 2 wg + f as the rows of its MMA f (epilogue.cuh),
 // so for FC1 each MX block of the intermediate lies in one warp of each consumer.
 //
-// cp.async writes shared memory through the generic proxy, which wgmma may read only after a
-// fence.proxy.async in each writing thread; that fence (MEMBAR in SASS) waits for all the thread's
-// copies in flight. In the first version every thread loaded every step and the fence serialized
-// the prefetch (docs/perf-log.md, v2); here only producer warps fence, each for its own steps.
+// Why bulk copies: cp.async writes shared memory through the generic proxy, which wgmma may read
+// only after a fence.proxy.async in each writing thread, and that fence (MEMBAR in SASS) waits for
+// all the thread's copies in flight (docs/perf-log.md, v2). Gathering FC1's tokens inside the
+// kernel (a box per row, then cp.async from producer warps) left FC1 at a third of FC2's rate
+// (v3, v4): the gather is a separate pass now.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -107,7 +109,7 @@ __device__ __forceinline__ void IssueStep(const uint4 (&frag_a)[Cfg::kMFrags], c
 }
 
 // ---- kernel -----------------------------------------------------------------------------------
-// tensor_map (FC2): p.b as boxes of 64 columns x BLOCK_N rows.
+// tensor_map: p.b (rows in sorted order) as boxes of 64 columns x BLOCK_N rows.
 template <class Cfg, bool kFc1>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     MoeWgmmaKernel(const __grid_constant__ GemmParams p, const __grid_constant__ CUtensorMap tensor_map) {
@@ -134,53 +136,31 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     wgmma::FenceMbarInit();
   }
   TileCoords tc;
-  if (!ReadTile<Cfg::kBlockN, kFc1>(p, tid, Cfg::kThreads, smem_rows, &tc)) return;  // (a barrier)
+  // (B rows are sorted positions for both GEMMs: smem_rows is filled but only the coordinates are used.)
+  if (!ReadTile<Cfg::kBlockN, false>(p, tid, Cfg::kThreads, smem_rows, &tc)) return;  // (a barrier)
   const PackedShape& shape = p.a_shape;
   const int k_tiles = static_cast<int>(shape.col_tiles);
   const int groups = static_cast<int>(shape.GroupsInBlock(tc.group0 / kBlockRowGroups));
 
   if (role == 0) {
-    // ---- producers ----
+    // ---- producer ----
     wgmma::RegDealloc<Cfg::kProducerRegs>();
-    // FC2's tokens are one box per step: one warp issues everything. FC1 gathers 16-byte pieces
-    // of BLOCK_N token rows with cp.async (a box per row made the copy engine the bottleneck:
-    // docs/perf-log.md, v3); each of the 4 warps loads every 4th step, so that its wait for its
-    // own copies (and the proxy fence, which waits for all of them) keeps 4 steps in flight.
-    constexpr int kProducerWarps = kFc1 ? 4 : 1;
-    if (warp >= kProducerWarps) return;
+    if (warp != 0) return;
     const int64_t first_tile = static_cast<int64_t>(tc.expert) * shape.Tiles() + shape.TileIndex(tc.group0, 0);
     const uint8_t* gmem_a = p.a_tiles + first_tile * kTileBytes;
     const uint8_t* gmem_s = p.a_scales + first_tile * kTileScaleBytes;
     const uint32_t a_bytes = groups * kTileBytes, s_bytes = groups * kTileScaleBytes;
-    const uint32_t box_bytes = kFc1 ? 0u : Cfg::kBlockN * 128u;
-    const int unit = lane & 7;  // FC1: this lane's 16-byte piece of 8 bf16, of rows lane / 8 + 4 j
-    const int k_valid = static_cast<int>(shape.cols);
-    for (int kt = warp; kt < k_tiles; kt += kProducerWarps) {
+    // A box counts all its bytes, rows past the tensor (zero-filled) included.
+    const uint32_t b_bytes = Cfg::kBlockN * 128u;
+    for (int kt = 0; kt < k_tiles; ++kt) {
       const int s = kt % Cfg::kStages;
       if (kt >= Cfg::kStages) wgmma::MbarWait(empty_bar(s), ((kt / Cfg::kStages) - 1) & 1);
       if (lane == 0) {
+        wgmma::MbarArriveExpectTx(full_bar(s), a_bytes + s_bytes + b_bytes);
         wgmma::BulkLoad(stage_a(s), gmem_a + static_cast<int64_t>(kt) * a_bytes, a_bytes, full_bar(s));
         wgmma::BulkLoad(stage_s(s), gmem_s + static_cast<int64_t>(kt) * s_bytes, s_bytes, full_bar(s));
-        if (!kFc1) wgmma::TensorLoad2d(stage_b(s), &tensor_map, kt * kTileCols, tc.seg_begin, full_bar(s));
+        wgmma::TensorLoad2d(stage_b(s), &tensor_map, kt * kTileCols, tc.seg_begin, full_bar(s));
       }
-      if constexpr (kFc1) {
-        const int col = kt * kTileCols + unit * 8;
-        for (int n = lane >> 3; n < Cfg::kBlockN; n += 4) {
-          const int row = smem_rows[n];
-          const bool ok = row >= 0 && col < k_valid;  // else 16 zero bytes
-          // NOTE: the 128-byte swizzle of wgmma's K-major operand: unit ^ (row % 8) within the
-          // 1024-byte-aligned 8-row atom (PTX ISA 9.7.15.5.1.2, Table 38).
-          ptx::CpAsync16(stage_b(s) + n * 128 + ((unit ^ (n & 7)) << 4),
-                         ok ? p.b + static_cast<int64_t>(row) * p.b_stride + col : p.b, ok ? 16u : 0u);
-        }
-        ptx::CpAsyncCommit();
-        ptx::CpAsyncWait<0>();
-        wgmma::FenceProxyAsyncShared();  // cp.async wrote through the generic proxy; wgmma reads async
-        __syncwarp();
-      }
-      // The arrival that completes the phase once the bulk copies' bytes have landed (they may land
-      // before it: the pending arrival keeps the phase open meanwhile).
-      if (lane == 0) wgmma::MbarArriveExpectTx(full_bar(s), a_bytes + s_bytes + box_bytes);
     }
     return;
   }
@@ -256,7 +236,7 @@ cudaError_t LaunchWgmmaConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, 
   // The map spans b's capacity (at least one row, for an empty call the grid exits at once).
   CUtensorMap map;
   cudaError_t e = MakeBf16RowMap(&map, p.b, p.a_shape.cols, p.b_rows > 0 ? p.b_rows : 1, p.b_stride,
-                                 fc1 ? 1 : Cfg::kBlockN);
+                                 Cfg::kBlockN);
   if (e != cudaSuccess) return e;
   const dim3 grid(static_cast<unsigned>(grid_ctas));
   if (fc1) MoeWgmmaKernel<Cfg, true><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, map);
