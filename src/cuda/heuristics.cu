@@ -55,20 +55,23 @@ LaunchChoice ChooseLaunch(const LayerDims& dims, int64_t num_tokens, int64_t max
   // reuses each weight tile over many tokens: the wgmma kernels, whose 128-token tile halves the
   // dequantization per FLOP (docs/perf-log.md, v2). n64 (mma.sync) is reachable only through
   // MXMOE_GEMM_CONFIG: n32 beat it at every size (v1.1).
-  if (c.pairs_per_expert <= 12.0) c.gemm = GemmConfigId::kN8;
-  else if (c.pairs_per_expert <= 48.0) c.gemm = GemmConfigId::kN32;
-  else c.gemm = GemmConfigId::kWg128;
+  c.gemm = c.pairs_per_expert <= 12.0 ? GemmConfigId::kN8 : GemmConfigId::kN32;
+  // Measured (docs/perf-log.md, v5): the wgmma kernel runs FC2 at ~580 TFLOP/s on full 128-token
+  // tiles but FC1 at ~240 (its epilogue, the activation and re-quantization of 128 x 128 values per
+  // warpgroup, does not overlap the MMAs), and n32 beats it on the whole layer. So FC2 takes wg128
+  // once tiles are half full or more, FC1 stays on n32.
+  c.gemm_fc2 = c.pairs_per_expert >= 64.0 ? GemmConfigId::kWg128 : c.gemm;
   const int forced = ForcedConfig().load(std::memory_order_relaxed);
-  if (forced >= 0 && forced < kNumGemmConfigs) c.gemm = static_cast<GemmConfigId>(forced);
+  if (forced >= 0 && forced < kNumGemmConfigs) c.gemm = c.gemm_fc2 = static_cast<GemmConfigId>(forced);
 
   if (DebugHeuristics()) {
     const GemmConfigInfo info = GemmInfo(c.gemm);
     std::fprintf(stderr,
                  "mxmoe heuristics: T=%lld -> %lld chunk(s) of <= %lld tokens; ~%.1f pairs per "
-                 "touched expert -> gemm %s (BLOCK_M %d, BLOCK_N %d, %d threads, %d stages, %d B smem)\n",
+                 "touched expert -> FC1 %s (BLOCK_M %d, BLOCK_N %d, %d threads, %d stages, %d B smem), FC2 %s\n",
                  static_cast<long long>(num_tokens), static_cast<long long>(c.num_chunks),
                  static_cast<long long>(c.chunk_tokens), c.pairs_per_expert, info.name, info.block_m,
-                 info.block_n, info.threads, info.stages, info.smem_bytes);
+                 info.block_n, info.threads, info.stages, info.smem_bytes, GemmInfo(c.gemm_fc2).name);
   }
   return c;
 }

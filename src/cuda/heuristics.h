@@ -19,8 +19,9 @@ struct LayerDims {
 struct LaunchChoice {
   int64_t chunk_tokens = 0;  // tokens per chunk (the last may be shorter)
   int64_t num_chunks = 0;
-  GemmConfigId gemm = GemmConfigId::kN8;
-  double pairs_per_expert = 0;  // the estimate behind the config
+  GemmConfigId gemm = GemmConfigId::kN8;      // FC1's config
+  GemmConfigId gemm_fc2 = GemmConfigId::kN8;  // FC2's (its own tile list when the width differs)
+  double pairs_per_expert = 0;  // the estimate behind the configs
 };
 
 // Balanced chunks of at most max_chunk tokens, and the GEMM config for their size.
