@@ -29,6 +29,7 @@
 #include <cstdint>
 
 #include "core/activation_math.h"
+#include "cuda/launch_util.cuh"
 #include "cuda/moe_kernels.h"
 #include "cuda/ptx.cuh"
 #include "cuda/sm120/mma_mxf8f6f4.cuh"
@@ -383,18 +384,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) MoeGemmSm120Ke
 // ---- launch -----------------------------------------------------------------------------------
 template <class Cfg>
 cudaError_t PrepareGemmConfig() {
-  cudaError_t e = cudaFuncSetAttribute(MoeGemmSm120Kernel<Cfg, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       Cfg::kSmemBytes);
-  if (e != cudaSuccess) return e;
-  return cudaFuncSetAttribute(MoeGemmSm120Kernel<Cfg, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              Cfg::kSmemBytes);
+  return AllowDynamicSmem(MoeGemmSm120Kernel<Cfg, true>, MoeGemmSm120Kernel<Cfg, false>, Cfg::kSmemBytes);
 }
 
 template <class Cfg>
 cudaError_t LaunchGemmConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, cudaStream_t stream) {
-  if (grid_ctas <= 0) return cudaSuccess;
-  if (grid_ctas > INT_MAX) return cudaErrorInvalidConfiguration;
-  const dim3 grid(static_cast<unsigned>(grid_ctas));
+  dim3 grid;
+  bool launch = false;
+  if (const cudaError_t e = GridOf(grid_ctas, &grid, &launch); e != cudaSuccess || !launch) return e;
   if (fc1) MoeGemmSm120Kernel<Cfg, true><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   else MoeGemmSm120Kernel<Cfg, false><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   return cudaGetLastError();

@@ -22,6 +22,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "cuda/launch_util.cuh"
 #include "cuda/moe_kernels.h"
 #include "cuda/ptx.cuh"
 #include "cuda/sm90/epilogue.cuh"
@@ -192,18 +193,14 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
 // ---- launch -----------------------------------------------------------------------------------
 template <class Cfg>
 cudaError_t PrepareGemmConfig() {
-  cudaError_t e = cudaFuncSetAttribute(MoeGemmKernel<Cfg, true>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-  if (e != cudaSuccess) return e;
-  return cudaFuncSetAttribute(MoeGemmKernel<Cfg, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              Cfg::kSmemBytes);
+  return AllowDynamicSmem(MoeGemmKernel<Cfg, true>, MoeGemmKernel<Cfg, false>, Cfg::kSmemBytes);
 }
 
 template <class Cfg>
 cudaError_t LaunchGemmConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, cudaStream_t stream) {
-  if (grid_ctas <= 0) return cudaSuccess;
-  if (grid_ctas > INT_MAX) return cudaErrorInvalidConfiguration;
-  const dim3 grid(static_cast<unsigned>(grid_ctas));
+  dim3 grid;
+  bool launch = false;
+  if (const cudaError_t e = GridOf(grid_ctas, &grid, &launch); e != cudaSuccess || !launch) return e;
   if (fc1) MoeGemmKernel<Cfg, true><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   else MoeGemmKernel<Cfg, false><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   return cudaGetLastError();

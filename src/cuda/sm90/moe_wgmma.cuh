@@ -32,6 +32,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "cuda/launch_util.cuh"
 #include "cuda/moe_kernels.h"
 #include "cuda/ptx.cuh"
 #include "cuda/sm90/epilogue.cuh"
@@ -222,23 +223,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 // ---- launch -----------------------------------------------------------------------------------
 template <class Cfg>
 cudaError_t PrepareWgmmaConfig() {
-  cudaError_t e = cudaFuncSetAttribute(MoeWgmmaKernel<Cfg, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       Cfg::kSmemBytes);
-  if (e != cudaSuccess) return e;
-  return cudaFuncSetAttribute(MoeWgmmaKernel<Cfg, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              Cfg::kSmemBytes);
+  return AllowDynamicSmem(MoeWgmmaKernel<Cfg, true>, MoeWgmmaKernel<Cfg, false>, Cfg::kSmemBytes);
 }
 
 template <class Cfg>
 cudaError_t LaunchWgmmaConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, cudaStream_t stream) {
-  if (grid_ctas <= 0) return cudaSuccess;
-  if (grid_ctas > INT_MAX) return cudaErrorInvalidConfiguration;
+  dim3 grid;
+  bool launch = false;
+  if (const cudaError_t e = GridOf(grid_ctas, &grid, &launch); e != cudaSuccess || !launch) return e;
   // The map spans b's capacity (at least one row, for an empty call the grid exits at once).
   CUtensorMap map;
   cudaError_t e = MakeBf16RowMap(&map, p.b, p.a_shape.cols, p.b_rows > 0 ? p.b_rows : 1, p.b_stride,
                                  Cfg::kBlockN);
   if (e != cudaSuccess) return e;
-  const dim3 grid(static_cast<unsigned>(grid_ctas));
   if (fc1) MoeWgmmaKernel<Cfg, true><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, map);
   else MoeWgmmaKernel<Cfg, false><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, map);
   return cudaGetLastError();
