@@ -55,14 +55,6 @@ __device__ __forceinline__ void Wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 #endif
 }
-// Shared memory written through the generic proxy (cp.async, st.shared) and then read by wgmma
-// (the async proxy) needs this fence in each writing thread before the barrier that publishes it
-// (PTX ISA, memory consistency model: "async proxy"; the wgmma section asks for it too).
-__device__ __forceinline__ void FenceProxyAsyncShared() {
-#if MXMOE_WGMMA_AVAILABLE
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
 // ---- mbarriers, bulk copies (TMA) and register reallocation, for the warp-specialized kernels --
 // A shared-memory mbarrier expecting `count` arrivals per phase.
 __device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
