@@ -55,6 +55,7 @@ __device__ __forceinline__ void Wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 #endif
 }
+
 // ---- mbarriers, bulk copies (TMA) and register reallocation, for the warp-specialized kernels --
 // A shared-memory mbarrier expecting `count` arrivals per phase.
 __device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
