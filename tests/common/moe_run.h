@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/compare.h"
+#include "mxmoe/formats.h"
 #include "mxmoe/moe.h"
 #include "mxmoe/synthetic.h"
 
@@ -73,6 +74,32 @@ inline ActivationSpec Act(ActivationType t) {
   ActivationSpec a;
   a.type = t;
   return a;
+}
+
+// Situ with per-expert beta / beta_lin around Kimi-K3's, or the kind's defaults.
+inline ActivationSpec SpecFor(ActivationType t, int64_t num_experts) {
+  ActivationSpec a = Act(t);
+  if (t == ActivationType::Situ) {
+    for (int64_t e = 0; e < num_experts; ++e) {
+      ActParams p;
+      p.beta = 2.0f + 0.5f * static_cast<float>(e % 5);
+      p.linear_beta = 10.0f + 3.0f * static_cast<float>(e % 7);
+      a.per_expert.push_back(p);
+    }
+  }
+  return a;
+}
+
+// bf16 rows quantized on the host with the formats' own MXFP8 rule: E4M3 codes and UE8M0 scales.
+inline void QuantizeMxfp8(const std::vector<uint16_t>& x_bf16, std::vector<uint8_t>* codes,
+                          std::vector<uint8_t>* scales) {
+  codes->resize(x_bf16.size());
+  scales->resize(x_bf16.size() / kMxBlock);
+  for (size_t b = 0; b < scales->size(); ++b) {
+    float v[kMxBlock];
+    for (int i = 0; i < kMxBlock; ++i) v[i] = bf16_to_float(x_bf16[b * kMxBlock + i]);
+    (*scales)[b] = mxfp8_quantize_block(v, codes->data() + b * kMxBlock);
+  }
 }
 
 }  // namespace mxmoe::test

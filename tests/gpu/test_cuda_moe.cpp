@@ -28,20 +28,6 @@ constexpr ActivationType kKinds[] = {ActivationType::Situ, ActivationType::Swigl
                                      ActivationType::SwigluBias, ActivationType::Geglu,
                                      ActivationType::GegluTanh};
 
-// Situ with per-expert beta / beta_lin around Kimi-K3's, or the kind's defaults.
-ActivationSpec SpecFor(ActivationType t, int64_t num_experts) {
-  ActivationSpec a = Act(t);
-  if (t == ActivationType::Situ) {
-    for (int64_t e = 0; e < num_experts; ++e) {
-      ActParams p;
-      p.beta = 2.0f + 0.5f * static_cast<float>(e % 5);
-      p.linear_beta = 10.0f + 3.0f * static_cast<float>(e % 7);
-      a.per_expert.push_back(p);
-    }
-  }
-  return a;
-}
-
 SyntheticInput Input(const LayerShape& s, int64_t t, RoutingPattern p, uint64_t seed) {
   SyntheticInput in;
   MakeSyntheticInput(s, t, p, seed, &in);
@@ -184,12 +170,8 @@ TEST(CudaMoeSmall, PrequantizedInputMatchesReference) {
   ASSERT_TRUE(moe);
   const SyntheticInput in = Input(s, 17, RoutingPattern::kWithInvalid, 42);
   // Quantize x on the host with the formats' own rule, then feed codes + scales.
-  std::vector<uint8_t> codes(in.x_bf16.size()), scales(in.x_bf16.size() / kMxBlock);
-  for (size_t b = 0; b < scales.size(); ++b) {
-    float v[kMxBlock];
-    for (int i = 0; i < kMxBlock; ++i) v[i] = bf16_to_float(in.x_bf16[b * kMxBlock + i]);
-    scales[b] = mxfp8_quantize_block(v, codes.data() + b * kMxBlock);
-  }
+  std::vector<uint8_t> codes, scales;
+  QuantizeMxfp8(in.x_bf16, &codes, &scales);
   MoeInput host = InputOf(in);
   host.x_bf16 = nullptr;
   host.x_e4m3 = codes.data();
@@ -269,12 +251,8 @@ TEST(CudaMoeSmall, NanInPrequantizedInputPoisonsOnlyItsToken) {
   auto moe = MakeCudaMoe(set);
   ASSERT_TRUE(moe);
   const SyntheticInput in = Input(s, 5, RoutingPattern::kUniform, 67);
-  std::vector<uint8_t> codes(in.x_bf16.size()), scales(in.x_bf16.size() / kMxBlock);
-  for (size_t b = 0; b < scales.size(); ++b) {
-    float v[kMxBlock];
-    for (int i = 0; i < kMxBlock; ++i) v[i] = bf16_to_float(in.x_bf16[b * kMxBlock + i]);
-    scales[b] = mxfp8_quantize_block(v, codes.data() + b * kMxBlock);
-  }
+  std::vector<uint8_t> codes, scales;
+  QuantizeMxfp8(in.x_bf16, &codes, &scales);
   const int64_t blocks_per_row = s.hidden / kMxBlock;
   for (int variant = 0; variant < 2; ++variant) {
     std::vector<uint8_t> bad_codes = codes, bad_scales = scales;

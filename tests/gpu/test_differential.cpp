@@ -220,13 +220,7 @@ Call MakeCall(const Config& c, TestRng& rng) {
       for (int64_t n = 0; n < kd; ++n) call.in.x_bf16[t * kd + n] = float_to_bf16(bf16_to_float(call.in.x_bf16[t * kd + n]) * f);
     }
   if (c.x == XForm::kFp8FromBf16) {
-    call.x_e4m3.resize(call.in.x_bf16.size());
-    call.x_scale.resize(call.in.x_bf16.size() / kMxBlock);
-    for (size_t b = 0; b < call.x_scale.size(); ++b) {
-      float v[kMxBlock];
-      for (int i = 0; i < kMxBlock; ++i) v[i] = bf16_to_float(call.in.x_bf16[b * kMxBlock + i]);
-      call.x_scale[b] = mxfp8_quantize_block(v, call.x_e4m3.data() + b * kMxBlock);
-    }
+    QuantizeMxfp8(call.in.x_bf16, &call.x_e4m3, &call.x_scale);
   } else if (c.x == XForm::kFp8Arbitrary) {
     // Codes no bf16 tensor quantizes to (any finite E4M3, subnormals included), scales around 2^-8.
     call.x_e4m3.resize(call.in.x_bf16.size());

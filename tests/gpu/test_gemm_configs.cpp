@@ -24,17 +24,6 @@ struct ForcedConfig {
   ~ForcedConfig() { cuda::ForceGemmConfig(-1); }
 };
 
-ActivationSpec PerExpertSitu(int64_t num_experts) {
-  ActivationSpec a = Act(ActivationType::Situ);
-  for (int64_t e = 0; e < num_experts; ++e) {
-    ActParams p;
-    p.beta = 3.0f + 0.25f * static_cast<float>(e % 4);
-    p.linear_beta = 12.0f + 2.0f * static_cast<float>(e % 5);
-    a.per_expert.push_back(p);
-  }
-  return a;
-}
-
 TEST(CudaGemmConfigs, EveryConfigMatchesReference) {
   MXMOE_REQUIRE_SM90();
   struct Case {
@@ -52,7 +41,7 @@ TEST(CudaGemmConfigs, EveryConfigMatchesReference) {
   for (const Case& c : cases) {
     const LayerShape& s = c.shape;
     const bool bias = c.kind == ActivationType::SwigluBias;
-    const ActivationSpec act = c.kind == ActivationType::Situ ? PerExpertSitu(s.num_experts) : Act(c.kind);
+    const ActivationSpec act = SpecFor(c.kind, s.num_experts);
     ExpertSet set = SyntheticSet(s, act, ++seed, {}, bias);
     auto moe = MakeCudaMoe(set);
     ASSERT_TRUE(moe);

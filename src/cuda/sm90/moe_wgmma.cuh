@@ -116,7 +116,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     MoeWgmmaKernel(const __grid_constant__ GemmParams p, const __grid_constant__ CUtensorMap tensor_map) {
 #if MXMOE_WGMMA_AVAILABLE
   extern __shared__ uint8_t smem_raw[];
-  __shared__ int32_t smem_rows[Cfg::kBlockN];  // B source row of each tile column, -1 past the segment
   // Stages as shared-window addresses (the copies, ld.shared and the descriptors take those).
   const uint32_t smem = (ptx::SmemAddr(smem_raw) + 1023u) & ~1023u;
   uint8_t* smem_generic = smem_raw + (smem - ptx::SmemAddr(smem_raw));
@@ -137,8 +136,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     wgmma::FenceMbarInit();
   }
   TileCoords tc;
-  // (B rows are sorted positions for both GEMMs: smem_rows is filled but only the coordinates are used.)
-  if (!ReadTile<Cfg::kBlockN, false>(p, tid, Cfg::kThreads, smem_rows, &tc)) return;  // (a barrier)
+  // B rows are the tile's sorted positions for both GEMMs: no per-column row table.
+  if (!ReadTile<Cfg::kBlockN, kFc1>(p, tid, Cfg::kThreads, nullptr, &tc)) return;  // (a barrier)
   const PackedShape& shape = p.a_shape;
   const int k_tiles = static_cast<int>(shape.col_tiles);
   const int groups = static_cast<int>(shape.GroupsInBlock(tc.group0 / kBlockRowGroups));

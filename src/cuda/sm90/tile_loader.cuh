@@ -16,9 +16,10 @@
 namespace mxmoe::cuda::sm90 {
 
 // The CTA's tile: blockIdx.x = tile_idx * m_tiles + m_tile, so consecutive CTAs share one token
-// tile (its B rows stay in L2) and walk the expert's row blocks. Fills smem_rows[n] with the B
-// source row of tile column n (-1 past the segment). Returns false for CTAs past the real tile
-// count (the grid is sized for the worst case before the routing is known). Ends with a barrier.
+// tile (its B rows stay in L2) and walk the expert's row blocks. Unless smem_rows is null, fills
+// smem_rows[n] with the B source row of tile column n (-1 past the segment). Returns false for
+// CTAs past the real tile count (the grid is sized for the worst case before the routing is
+// known). Ends with a barrier.
 template <int kBlockN, bool kFc1>
 __device__ __forceinline__ bool ReadTile(const GemmParams& p, int tid, int threads, int32_t* smem_rows,
                                          TileCoords* tc) {
@@ -30,7 +31,7 @@ __device__ __forceinline__ bool ReadTile(const GemmParams& p, int tid, int threa
   tc->seg_begin = p.expert_offsets[tile.x] + tile.y;
   tc->n_valid = min(kBlockN, p.expert_offsets[tile.x + 1] - tc->seg_begin);
   tc->group0 = static_cast<int64_t>(m_tile) * kBlockRowGroups;
-  for (int n = tid; n < kBlockN; n += threads) {
+  for (int n = tid; smem_rows != nullptr && n < kBlockN; n += threads) {
     int row = -1;
     if (n < tc->n_valid) row = kFc1 ? p.sorted_pairs[tc->seg_begin + n] / p.top_k : tc->seg_begin + n;
     smem_rows[n] = row;
