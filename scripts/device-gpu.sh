@@ -102,6 +102,18 @@ if want kprofile; then
     note "kernel durations ($cfg, 128 experts, T = 4096): rc=$? $(grep -E 'gpu__time_duration.sum' "$OUT/kprofile_$cfg.log" | awk '{print $NF " " $(NF-1)}' | tr '\n' ' ')"
   done
 fi
+if want dprofile; then
+  # Decode: every kernel of one call (Nsight Compute, clocks left alone, caches flushed between
+  # kernels as the bench flushes L2): duration and DRAM throughput, T = 1 and 8, 896 experts.
+  for t in ${DPROFILE_TOKENS:-1 8}; do
+    timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size \
+      "$BUILD/bin/mxmoe" bench --shapes kimi-k3 --routing uniform --tokens "$t" --repeats 1 --warmup 0 --no-graph \
+      >"$OUT/dprofile_$t.log" 2>&1
+    note "decode kernels (T = $t): rc=$?"
+    awk '/^  [A-Za-z_].*\(/ { name = $1 } /gpu__time_duration.sum|dram__bytes_read.sum|dram__throughput|launch__grid_size/ { printf "  %s %s %s %s\n", substr(name, 1, 60), $1, $(NF-1), $NF }' \
+      "$OUT/dprofile_$t.log" | tail -40 | tee -a "$SUMMARY" >/dev/null
+  done
+fi
 if want python; then
   # The CUDA wheel and the whole pytest suite (CUDA, torch, the router, the FlashInfer entry point).
   t0=$(secs)

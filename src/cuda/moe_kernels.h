@@ -128,13 +128,14 @@ struct GemmParams {
   const float* topk_weights = nullptr;  // chunk rows [T, k]
 };
 
-// mma.sync kernels (sm90/moe_gemm.cuh) for decode; wgmma kernels (sm90/moe_wgmma.cuh) for prefill.
-enum class GemmConfigId : int { kN8 = 0, kN32 = 1, kN64 = 2, kWg64 = 3, kWg128 = 4 };
-inline constexpr int kNumGemmConfigs = 5;
+// mma.sync kernels (sm90/moe_gemm.cuh) and wgmma kernels (sm90/moe_wgmma.cuh), by BLOCK_N; the
+// ids are stable (MXMOE_GEMM_CONFIG names them), new configs go at the end.
+enum class GemmConfigId : int { kN8 = 0, kN32 = 1, kN64 = 2, kWg64 = 3, kWg128 = 4, kWg32 = 5, kWg16 = 6, kWg8 = 7 };
+inline constexpr int kNumGemmConfigs = 8;
 // Whether a config's FC1 reads its tokens as rows in sorted order (LaunchGatherRows first) rather
 // than gathering them from xq itself.
 inline constexpr bool GemmLoadsSortedRows(GemmConfigId id) {
-  return id == GemmConfigId::kWg64 || id == GemmConfigId::kWg128;
+  return id >= GemmConfigId::kWg64;
 }
 
 struct GemmConfigInfo {

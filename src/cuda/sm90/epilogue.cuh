@@ -8,11 +8,8 @@
 //
 // Row groups: a CTA covers the 16 row groups (256 rows) of one prepacked block. Warp w of warpgroup
 // wg holds, as its fragment f, row group 4 w + kMFrags wg + f (kMFrags fragments per warp, kMFrags *
-// warpgroups = 4). So the 4 warps of a CTA hold the block's 4 groups of 4 consecutive row groups,
-// and for FC1, where row group rg holds gate rows 8 rg .. 8 rg + 7 then the up rows of the same
-// intermediate indices, warp w (of every warpgroup) holds the 32 intermediate indices of one MX
-// block: the re-quantization reduces within the warp, and across the warpgroups through shared
-// memory when there are two.
+// warpgroups = 4). For FC1, row group rg holds gate rows 8 rg .. 8 rg + 7 then the up rows of the
+// same intermediate indices; its epilogue re-arranges the tile through shared memory (StageFc1).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -49,96 +46,111 @@ __device__ __forceinline__ float AmaxTerm(float a) {
   return m <= FLT_MAX ? m : __int_as_float(0x7F800000);
 }
 
-// Quantizes a warp's kMFrags activations of one token column into the MX block whose (encoded)
-// amax is `amax` and stores them, dequantized to bf16, into h.
-template <int kMFrags>
-__device__ __forceinline__ void StoreRequantized(const GemmParams& p, const float (&a)[kMFrags], float amax,
-                                                 int64_t h_row, int64_t i_first) {
-  const bool finite = amax <= FLT_MAX;
-  const int s = mxfp8_scale_exponent(finite ? amax : 0.0f);
-  const float scale = ue8m0_to_float(finite ? static_cast<uint8_t>(s + 127) : kUe8m0Nan);
-  uint16_t* dst = p.h + h_row * p.h_stride + i_first;
-#pragma unroll
-  for (int f = 0; f < kMFrags; ++f)
-    dst[8 * f] = float_to_bf16(e4m3_to_float(float_to_e4m3(ldexpf(a[f], -s))) * scale);
-}
+// FC1 goes through shared memory. Kept in registers, the activation and re-quantization of a
+// fragment layout unroll into one copy per accumulator pair (64 for wg128: ~48 K SASS instructions,
+// executed once per tile and fetched from L2 every time; perf-log v6). Staged, one loop serves
+// every tile width:
+//   1. every thread writes its gate and up accumulators into two fp32 planes [kBlockN][kStagedStride]
+//      (row = token column, index = the block's intermediate index 8 rg + g);
+//   2. every warp takes (token column, MX block) items: lane j computes intermediate index 32 b + j,
+//      the warp reduces the block's amax with shuffles and stores 32 consecutive bf16 of h.
+// The stride 132 = 128 + 4 keeps step 1 free of bank conflicts (a warp writes 8 consecutive indices
+// of 4 columns two apart: 2 * 132 * 4 bytes apart = 8 banks) and step 2 reads 32 consecutive floats.
+inline constexpr int kStagedStride = kBlockRowGroups * 8 + 4;
 
-// The named barrier the FC1 epilogue's warpgroups exchange amax through (0 is __syncthreads').
-inline constexpr int kEpilogueBarrier = 1;
+template <int kBlockN>
+inline constexpr int kFc1StagedBytes = 2 * kBlockN * kStagedStride * 4;
 
-// FC1: activation of (gate, up) and MXFP8 re-quantization of the intermediate into h[sorted
-// position, i]. With two warpgroups, every thread of both must call this (it holds a barrier);
-// smem_amax then has 2 * 4 * kNTiles * 8 floats. Inactive warps (row groups past the matrix) pass
-// active = false: they take part in the exchange with zeros and store nothing.
-template <int kMFrags, int kNTiles, int kWGs>
-__device__ __forceinline__ void Fc1Epilogue(const GemmParams& p, float (&acc)[kMFrags][kNTiles][4],
-                                            const TileCoords& tc, int warp, int wg, int lane, bool active,
-                                            float* smem_amax) {
+// Step 1 for this thread's fragments (kNTiles * 8 columns of planes kBlockN wide). Callers then
+// hold a barrier over every thread of the tile.
+template <int kMFrags, int kNTiles, int kWGs, int kBlockN>
+__device__ __forceinline__ void StageFc1(const float (&acc)[kMFrags][kNTiles][4], int warp, int wg, int lane,
+                                         float* staged) {
+  static_assert(kNTiles * 8 <= kBlockN, "columns of the planes");
   const int g = lane >> 2, c = lane & 3;
-  const ExpertParams ep = p.experts[tc.expert];
-  const int64_t bias_row = static_cast<int64_t>(tc.expert) * (p.a_shape.rows / 2);
-  int64_t i_first[kMFrags];
-  float gate_bias[kMFrags], up_bias[kMFrags];
+  float* up = staged + kBlockN * kStagedStride;
 #pragma unroll
   for (int f = 0; f < kMFrags; ++f) {
-    i_first[f] = (tc.group0 + FragRowGroup<kMFrags, kWGs>(warp, wg, f)) * 8 + g;
-    gate_bias[f] = active && ep.has_gate_bias ? p.gate_bias[bias_row + i_first[f]] : 0.0f;
-    up_bias[f] = active && ep.has_up_bias ? p.up_bias[bias_row + i_first[f]] : 0.0f;
-  }
-  // The activation replaces the gate accumulator; the warp's amax per token column is reduced over
-  // the 8 lanes that share c (lane bits 2..4).
-  float amax[kNTiles][2];
-#pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      float m = 0.0f;
-#pragma unroll
-      for (int f = 0; f < kMFrags; ++f) {
-        float gv = acc[f][nt][q] * ep.fc1_scale;  // the scale is a power of two: exact
-        float uv = acc[f][nt][2 + q] * ep.fc1_scale;
-        if (ep.has_gate_bias) gv += gate_bias[f];  // (adding 0 would turn -0 into +0)
-        if (ep.has_up_bias) uv += up_bias[f];
-        const float a = active ? apply_activation(p.act, gv, uv, ep.act) : 0.0f;
-        acc[f][nt][q] = a;
-        m = fmaxf(m, AmaxTerm(a));
-      }
-#pragma unroll
-      for (int off = 4; off < 32; off <<= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
-      amax[nt][q] = m;
-    }
-  if constexpr (kWGs > 1) {
-    // The other warpgroup's warp with the same index holds the other half of each MX block.
-    constexpr int kCols = kNTiles * 8;
-    if (g == 0) {
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-        for (int q = 0; q < 2; ++q) smem_amax[(wg * kWarpRowGroups + warp) * kCols + nt * 8 + 2 * c + q] = amax[nt][q];
-    }
-    ptx::NamedBarrierSync(kEpilogueBarrier, kWGs * 128);
+    const int i = FragRowGroup<kMFrags, kWGs>(warp, wg, f) * 8 + g;
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-      for (int q = 0; q < 2; ++q)
-#pragma unroll
-        for (int other = 0; other < kWGs; ++other)
-          amax[nt][q] = fmaxf(amax[nt][q], smem_amax[(other * kWarpRowGroups + warp) * kCols + nt * 8 + 2 * c + q]);
+      for (int q = 0; q < 2; ++q) {
+        const int at = (nt * 8 + 2 * c + q) * kStagedStride + i;
+        staged[at] = acc[f][nt][q];
+        up[at] = acc[f][nt][2 + q];
+      }
   }
-  if (!active) return;
-#pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      const int col = nt * 8 + 2 * c + q;
-      if (col >= tc.n_valid) continue;
-      float a[kMFrags];
-#pragma unroll
-      for (int f = 0; f < kMFrags; ++f) a[f] = acc[f][nt][q];
-      // Fragment f's index is i_first[0] + 8 f: the warp's fragments are consecutive row groups.
-      StoreRequantized<kMFrags>(p, a, amax[nt][q], tc.seg_begin + col, i_first[0]);
-    }
 }
+
+// Step 2 for one activation kind (a compile-time constant: the loop holds only its code).
+template <ActivationType kAct, int kBlockN>
+__device__ __forceinline__ void RequantizeStaged(const GemmParams& p, const TileCoords& tc, int groups,
+                                                 const float* staged, int warp_id, int warps, int lane) {
+  const ExpertParams ep = p.experts[tc.expert];
+  const float* up = staged + kBlockN * kStagedStride;
+  const int blocks = groups / kWarpRowGroups;  // rows are padded to 64: whole MX blocks of 32
+  const int items = tc.n_valid * blocks;
+  const int64_t i0 = tc.group0 * 8;  // the block's first intermediate index
+  const float* gate_bias = p.gate_bias + static_cast<int64_t>(tc.expert) * (p.a_shape.rows / 2) + i0;
+  const float* up_bias = p.up_bias + static_cast<int64_t>(tc.expert) * (p.a_shape.rows / 2) + i0;
+  // Four independent items per pass hide the latency of the activation and the shuffles; items
+  // are warp-uniform, so the validity branches do not diverge.
+  constexpr int kIlp = 4;
+  for (int base = warp_id * kIlp; base < items; base += warps * kIlp) {
+    float a[kIlp], m[kIlp];
+    int col[kIlp], idx[kIlp];
+#pragma unroll
+    for (int j = 0; j < kIlp; ++j) {
+      const int item = base + j < items ? base + j : items - 1;
+      col[j] = item / blocks;
+      idx[j] = (item - col[j] * blocks) * 32 + lane;
+      float gv = staged[col[j] * kStagedStride + idx[j]] * ep.fc1_scale;  // a power of two: exact
+      float uv = up[col[j] * kStagedStride + idx[j]] * ep.fc1_scale;
+      if (ep.has_gate_bias) gv += gate_bias[idx[j]];  // (adding 0 would turn -0 into +0)
+      if (ep.has_up_bias) uv += up_bias[idx[j]];
+      a[j] = apply_activation(kAct, gv, uv, ep.act);
+      m[j] = AmaxTerm(a[j]);
+    }
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1)
+#pragma unroll
+      for (int j = 0; j < kIlp; ++j) m[j] = fmaxf(m[j], __shfl_xor_sync(0xFFFFFFFFu, m[j], off));
+#pragma unroll
+    for (int j = 0; j < kIlp; ++j) {
+      if (base + j >= items) break;
+      const bool finite = m[j] <= FLT_MAX;
+      const int s = mxfp8_scale_exponent(finite ? m[j] : 0.0f);
+      const float scale = ue8m0_to_float(finite ? static_cast<uint8_t>(s + 127) : kUe8m0Nan);
+      p.h[static_cast<int64_t>(tc.seg_begin + col[j]) * p.h_stride + i0 + idx[j]] =
+          float_to_bf16(e4m3_to_float(float_to_e4m3(ldexpf(a[j], -s))) * scale);
+    }
+  }
+}
+
+// FC1: activation of (gate, up) and MXFP8 re-quantization of the intermediate into h[sorted
+// position, i], from the planes StageFc1 wrote (step 2 above). Every warp of the tile calls it,
+// `warps` of them with ids 0 .. warps - 1; groups = the block's real row groups.
+template <int kBlockN>
+__device__ __forceinline__ void Fc1Epilogue(const GemmParams& p, const TileCoords& tc, int groups,
+                                            const float* staged, int warp_id, int warps, int lane) {
+  switch (p.act) {
+#define MXMOE_FC1_CASE(kind) \
+  case ActivationType::kind: \
+    return RequantizeStaged<ActivationType::kind, kBlockN>(p, tc, groups, staged, warp_id, warps, lane);
+    MXMOE_FC1_CASE(Situ)
+    MXMOE_FC1_CASE(Swiglu)
+    MXMOE_FC1_CASE(SwigluBias)
+    MXMOE_FC1_CASE(Geglu)
+    MXMOE_FC1_CASE(GegluTanh)
+#undef MXMOE_FC1_CASE
+    default:
+      return;  // refused by CheckActivationSupported before any launch
+  }
+}
+
+// The named barrier the FC1 epilogue's warpgroups meet at (0 is __syncthreads').
+inline constexpr int kEpilogueBarrier = 1;
 
 // FC2: y[pair, n] = topk_weight * (aq . W2^T) in fp32, one row per (token, slot) for the ordered
 // combine. Inactive warps must not call it.

@@ -12,8 +12,8 @@
 //      shared tile and read with ldmatrix.
 //   Products are exact in the bf16 MMA; accumulation is fp32.
 // For FC1 a warp's 64 rows are 32 gate rows and the 32 up rows of the same intermediate indices
-// (row groups interleave gate and up by 8), so one warp holds whole MX blocks of the intermediate
-// and the re-quantization needs only warp shuffles.
+// (row groups interleave gate and up by 8); the epilogue re-arranges the tile through the stages'
+// shared memory (epilogue.cuh, StageFc1), so that one warp quantizes one MX block of one token.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -62,6 +62,7 @@ struct GemmConfig {
   static_assert(kKSub >= 1 && kKSub <= 4, "steps per stage");
   static_assert(kSmemStage % 128 == 0, "stages stay 128-byte aligned");
   static_assert(kSmemBytes <= 227 * 1024, "SM90 shared memory per block");
+  static_assert(kFc1StagedBytes<kBlockN> <= kSmemBytes, "FC1's epilogue reuses the stages");
 };
 
 // ---- device pieces ----------------------------------------------------------------------------
@@ -181,10 +182,16 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
     }
   }
   ptx::CpAsyncWait<0>();
-  if (!warp_active) return;
-
-  if constexpr (kFc1) Fc1Epilogue<Cfg::kMFrags, Cfg::kNTiles, 1>(p, acc, tc, warp, 0, lane, true, nullptr);
-  else Fc2Epilogue<Cfg::kMFrags, Cfg::kNTiles, 1>(p, acc, tc, warp, 0, lane);
+  if constexpr (kFc1) {
+    // The stages become the staging planes once every warp is done reading them.
+    float* staged = reinterpret_cast<float*>(smem);
+    __syncthreads();
+    if (warp_active) StageFc1<Cfg::kMFrags, Cfg::kNTiles, 1, Cfg::kBlockN>(acc, warp, 0, lane, staged);
+    __syncthreads();
+    Fc1Epilogue<Cfg::kBlockN>(p, tc, groups, staged, warp, Cfg::kWarps, lane);
+  } else {
+    if (warp_active) Fc2Epilogue<Cfg::kMFrags, Cfg::kNTiles, 1>(p, acc, tc, warp, 0, lane);
+  }
 #else
   __trap();  // built for SM90 only; cuda_moe.cu refuses other devices before launching
 #endif

@@ -1,14 +1,16 @@
-// The prefill grouped GEMMs of the MoE on SM90 with warpgroup MMA (wgmma, HGMMA in SASS): the same
+// The grouped GEMMs of the MoE on SM90 with warpgroup MMA (wgmma, HGMMA in SASS): the same
 // tiles, routing and fused epilogues as the mma.sync kernels (moe_gemm.cuh), with the copies done
 // by the copy engine (TMA) and the tensor work issued asynchronously, so that dequantizing the next
 // weights overlaps the current products.
 //
 // Formulation ("swapped AB", as in moe_gemm.cuh): M = weight rows, N = tokens. A CTA computes 256
-// weight rows x BLOCK_N tokens of one expert over the whole reduction, in 64-wide steps.
+// weight rows x BLOCK_N tokens of one expert over the whole reduction, in 64-wide steps; its MMAs
+// are as wide as the tile's valid tokens rounded up (TileWidth: 8, 16, 24, 32, 48, ..., BLOCK_N).
 // Warp-specialized, three warpgroups:
 //   producer (warpgroup 0, one warp busy, few registers): per step, into a free stage, the block's
 //     prepacked MXFP4 tiles and scales with two 1D bulk copies (contiguous in weight_layout.h),
-//     and the BLOCK_N token rows of 64 bf16 as one box of a tensor map with the 128-byte swizzle.
+//     and the token rows of 64 bf16 through a tensor map with the 128-byte swizzle (one box of
+//     BLOCK_N rows, or for tiles up to 32 wide one 8-row box per 8 tokens).
 //     The rows are the tile's sorted positions: FC2's intermediate is written in that order, and
 //     for FC1 the tokens are gathered into it first (LaunchGatherRows). All complete on the
 //     stage's "full" mbarrier.
@@ -17,8 +19,8 @@
 //     registers (the "RS" form of wgmma: mma.m16n8k16's A fragment), fences, issues its MMAs
 //     as one group and waits until only that group is in flight. At the end of a step the step
 //     before has no MMA left: its stage goes back to the producer through the "empty" mbarrier.
-// Warp w of consumer wg supplies row group 4 w + 2 wg + f as the rows of its MMA f (epilogue.cuh),
-// so for FC1 each MX block of the intermediate lies in one warp of each consumer.
+// Warp w of consumer wg supplies row group 4 w + 2 wg + f as the rows of its MMA f (epilogue.cuh);
+// FC1's epilogue re-arranges the tile through the stages' shared memory (StageFc1).
 //
 // Why bulk copies: cp.async writes shared memory through the generic proxy, which wgmma may read
 // only after a fence.proxy.async in each writing thread, and that fence (MEMBAR in SASS) waits for
@@ -58,10 +60,9 @@ struct WgmmaConfig {
   static constexpr int kSubA = kBlockRowGroups * kTileBytes;
   static constexpr int kSubScales = kBlockRowGroups * kTileScaleBytes;
   static constexpr int kSmemStage = (kSubB + kSubA + kSubScales + 1023) / 1024 * 1024;
-  static constexpr int kSmemAmax = kConsumers * kWarpRowGroups * kBlockN * 4;
   static constexpr int kSmemBars = 2 * kStages * 8;
   // Dynamic shared memory is only 16-byte aligned: 1 KB of slack to align the stages.
-  static constexpr int kSmemBytes = 1024 + kStages * kSmemStage + kSmemAmax + kSmemBars;
+  static constexpr int kSmemBytes = 1024 + kStages * kSmemStage + kSmemBars;
   // NOTE: 65536 registers per SM: 128 x 40 + 256 x 232 = 64512.
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
@@ -69,6 +70,7 @@ struct WgmmaConfig {
   static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= 128, "wgmma N: a multiple of 8 (<= 128 here)");
   static_assert(kStages >= 2 && kStages <= 8, "stages");
   static_assert(kSmemBytes <= 227 * 1024, "SM90 shared memory per block");
+  static_assert(kFc1StagedBytes<kBlockN> <= kStages * kSmemStage, "FC1's epilogue reuses the stages");
   static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "register file");
 };
 
@@ -94,14 +96,14 @@ __device__ __forceinline__ void DequantStep(const uint4 (&frag_a)[kMFrags], cons
 }
 
 // Dequantize k16 step kStep into register set kStep % 2, then issue the warpgroup's MMAs on it.
-template <class Cfg, int kStep>
-__device__ __forceinline__ void IssueStep(const uint4 (&frag_a)[Cfg::kMFrags], const uint32_t (&frag_s)[Cfg::kMFrags],
-                                          uint32_t (&areg)[2][Cfg::kMFrags][4], uint64_t desc_b,
-                                          float (&acc)[Cfg::kMFrags][Cfg::kNTiles][4]) {
-  DequantStep<Cfg::kMFrags, kStep>(frag_a, frag_s, areg[kStep % 2]);
+template <int kMFrags, int kNTiles, int kStep>
+__device__ __forceinline__ void IssueStep(const uint4 (&frag_a)[kMFrags], const uint32_t (&frag_s)[kMFrags],
+                                          uint32_t (&areg)[2][kMFrags][4], uint64_t desc_b,
+                                          float (&acc)[kMFrags][kNTiles][4]) {
+  DequantStep<kMFrags, kStep>(frag_a, frag_s, areg[kStep % 2]);
   wgmma::Fence();
 #pragma unroll
-  for (int f = 0; f < Cfg::kMFrags; ++f)
+  for (int f = 0; f < kMFrags; ++f)
     wgmma::WgmmaBf16Rs(acc[f], areg[kStep % 2][f], wgmma::AdvanceDesc(desc_b, kStep * 32));
   wgmma::Commit();
   // Only this group may stay in flight: the other register set (the group before) is free again,
@@ -109,29 +111,122 @@ __device__ __forceinline__ void IssueStep(const uint4 (&frag_a)[Cfg::kMFrags], c
   wgmma::Wait<1>();
 }
 
+// The tile widths the MMAs take: a tile's valid columns rounded up to a multiple of 8 up to 32 and
+// of 16 above, at most BLOCK_N. An expert's last tile (or its only one: ~73 tokens at T = 4096 for
+// Kimi-K3) then spends no MMA on more than 15 padding columns.
+__host__ __device__ constexpr int NextWidth(int n) { return n < 32 ? n + 8 : n + 16; }
+
+template <int kBlockN>
+__device__ __forceinline__ int TileWidth(int n_valid) {
+  int w = 8;
+  while (w < n_valid && w < kBlockN) w = NextWidth(w);
+  return w < kBlockN ? w : kBlockN;
+}
+
+// Tiles up to this wide load their token rows as 8-row boxes (one swizzle atom each, only the
+// rows the MMAs read); wider ones as one box of BLOCK_N rows.
+inline constexpr int kNarrowLoadWidth = 32;
+
+// Shared memory of a CTA: kStages stages (B first: its swizzle atoms need 1024-byte alignment, then
+// the A tiles and their scales), then the full and empty mbarriers. Shared-window addresses.
+template <class Cfg>
+struct StageMap {
+  uint32_t base;
+  __device__ uint32_t B(int s) const { return base + s * Cfg::kSmemStage; }
+  __device__ uint32_t A(int s) const { return B(s) + Cfg::kSubB; }
+  __device__ uint32_t Scales(int s) const { return A(s) + Cfg::kSubA; }
+  __device__ uint32_t Full(int s) const { return base + Cfg::kStages * Cfg::kSmemStage + 8u * s; }
+  __device__ uint32_t Empty(int s) const { return Full(Cfg::kStages + s); }
+};
+
+// What a consumer thread needs besides its tile width.
+struct ConsumerArgs {
+  int k_tiles, groups, warp, wg, lane;
+  bool active;
+  float* staged;  // FC1: the staging planes (the stages' memory)
+};
+
+// A consumer warpgroup's whole tile at MMA width kN: the main loop, then the epilogue (FC1: its
+// first half, StageFc1; the caller runs the rest).
+template <class Cfg, bool kFc1, int kN>
+__device__ __forceinline__ void ConsumeTile(const GemmParams& p, const TileCoords& tc, const StageMap<Cfg>& sm,
+                                            const ConsumerArgs& c) {
+  constexpr int kMFrags = Cfg::kMFrags, kNTiles = kN / 8;
+  float acc[kMFrags][kNTiles][4];
+#pragma unroll
+  for (int f = 0; f < kMFrags; ++f)
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[f][nt][i] = 0.0f;
+  uint32_t areg[2][kMFrags][4];
+
+  const int g = c.lane >> 2;
+  for (int kt = 0; kt < c.k_tiles; ++kt) {
+    const int s = kt % Cfg::kStages;
+    wgmma::MbarWait(sm.Full(s), (kt / Cfg::kStages) & 1);
+    uint4 frag_a[kMFrags];
+    uint32_t frag_s[kMFrags];
+#pragma unroll
+    for (int f = 0; f < kMFrags; ++f) {
+      const int group = FragRowGroup<kMFrags, Cfg::kConsumers>(c.warp, c.wg, f);
+      frag_a[f] = c.active ? ptx::LdShared128(sm.A(s) + group * kTileBytes + c.lane * 16) : make_uint4(0, 0, 0, 0);
+      frag_s[f] = c.active ? ptx::LdShared32(sm.Scales(s) + group * kTileScaleBytes + g * 4) : 0u;
+    }
+    // NOTE: B rows are 128 bytes and 8-row atoms 1024 bytes apart (the stride-dimension offset).
+    const uint64_t desc_b = wgmma::SmemDescK128(sm.B(s), 1024);
+#pragma unroll
+    for (int f = 0; f < kMFrags; ++f) wgmma::FenceOperand(acc[f]);
+    IssueStep<kMFrags, kNTiles, 0>(frag_a, frag_s, areg, desc_b, acc);
+    IssueStep<kMFrags, kNTiles, 1>(frag_a, frag_s, areg, desc_b, acc);
+    IssueStep<kMFrags, kNTiles, 2>(frag_a, frag_s, areg, desc_b, acc);
+    IssueStep<kMFrags, kNTiles, 3>(frag_a, frag_s, areg, desc_b, acc);
+    // Every MMA of step kt - 1 has completed: its stage is free.
+    if (kt > 0 && c.lane == 0) wgmma::MbarArrive(sm.Empty((kt - 1) % Cfg::kStages));
+  }
+  wgmma::Wait<0>();
+#pragma unroll
+  for (int f = 0; f < kMFrags; ++f) wgmma::FenceOperand(acc[f]);
+
+  if constexpr (kFc1) {
+    // The stages become the staging planes once both consumers' MMAs are done with them (every
+    // load has landed: the consumers waited for all of them).
+    ptx::NamedBarrierSync(kEpilogueBarrier, Cfg::kConsumers * 128);
+    if (c.active) StageFc1<kMFrags, kNTiles, Cfg::kConsumers, Cfg::kBlockN>(acc, c.warp, c.wg, c.lane, c.staged);
+  } else {
+    if (c.active) Fc2Epilogue<kMFrags, kNTiles, Cfg::kConsumers>(p, acc, tc, c.warp, c.wg, c.lane);
+  }
+}
+
+// ConsumeTile at the tile's width (uniform over the CTA), one instantiation per width.
+template <class Cfg, bool kFc1, int kN = 8>
+__device__ __forceinline__ void ConsumeTileOfWidth(int width, const GemmParams& p, const TileCoords& tc,
+                                                   const StageMap<Cfg>& sm, const ConsumerArgs& c) {
+  if constexpr (kN >= Cfg::kBlockN) {
+    ConsumeTile<Cfg, kFc1, Cfg::kBlockN>(p, tc, sm, c);
+  } else {
+    if (width <= kN) ConsumeTile<Cfg, kFc1, kN>(p, tc, sm, c);
+    else ConsumeTileOfWidth<Cfg, kFc1, NextWidth(kN)>(width, p, tc, sm, c);
+  }
+}
+
 // ---- kernel -----------------------------------------------------------------------------------
-// tensor_map: p.b (rows in sorted order) as boxes of 64 columns x BLOCK_N rows.
+// p.b (rows in sorted order) through two tensor maps, boxes of 64 columns x BLOCK_N rows (wide) and
+// x 8 rows (narrow).
 template <class Cfg, bool kFc1>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
-    MoeWgmmaKernel(const __grid_constant__ GemmParams p, const __grid_constant__ CUtensorMap tensor_map) {
+    MoeWgmmaKernel(const __grid_constant__ GemmParams p, const __grid_constant__ CUtensorMap map_wide,
+                   const __grid_constant__ CUtensorMap map_narrow) {
 #if MXMOE_WGMMA_AVAILABLE
   extern __shared__ uint8_t smem_raw[];
-  // Stages as shared-window addresses (the copies, ld.shared and the descriptors take those).
-  const uint32_t smem = (ptx::SmemAddr(smem_raw) + 1023u) & ~1023u;
-  uint8_t* smem_generic = smem_raw + (smem - ptx::SmemAddr(smem_raw));
-  float* smem_amax = reinterpret_cast<float*>(smem_generic + Cfg::kStages * Cfg::kSmemStage);
-  const uint32_t bars = smem + Cfg::kStages * Cfg::kSmemStage + Cfg::kSmemAmax;
-  auto full_bar = [&](int s) { return bars + 8u * s; };
-  auto empty_bar = [&](int s) { return bars + 8u * (Cfg::kStages + s); };
-  auto stage_b = [&](int s) { return smem + s * Cfg::kSmemStage; };
-  auto stage_a = [&](int s) { return smem + s * Cfg::kSmemStage + Cfg::kSubB; };
-  auto stage_s = [&](int s) { return smem + s * Cfg::kSmemStage + Cfg::kSubB + Cfg::kSubA; };
+  const StageMap<Cfg> sm{(ptx::SmemAddr(smem_raw) + 1023u) & ~1023u};
+  uint8_t* smem_generic = smem_raw + (sm.base - ptx::SmemAddr(smem_raw));
 
   const int tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 3, role = tid >> 7;
   if (tid == 0) {
     for (int s = 0; s < Cfg::kStages; ++s) {
-      wgmma::MbarInit(full_bar(s), 1);                           // the producer's arrival + bytes
-      wgmma::MbarInit(empty_bar(s), Cfg::kConsumers * 4);        // one arrival per consumer warp
+      wgmma::MbarInit(sm.Full(s), 1);                         // the producer's arrival + bytes
+      wgmma::MbarInit(sm.Empty(s), Cfg::kConsumers * 4);      // one arrival per consumer warp
     }
     wgmma::FenceMbarInit();
   }
@@ -141,6 +236,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const PackedShape& shape = p.a_shape;
   const int k_tiles = static_cast<int>(shape.col_tiles);
   const int groups = static_cast<int>(shape.GroupsInBlock(tc.group0 / kBlockRowGroups));
+  const int width = TileWidth<Cfg::kBlockN>(tc.n_valid);
 
   if (role == 0) {
     // ---- producer ----
@@ -151,15 +247,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const uint8_t* gmem_s = p.a_scales + first_tile * kTileScaleBytes;
     const uint32_t a_bytes = groups * kTileBytes, s_bytes = groups * kTileScaleBytes;
     // A box counts all its bytes, rows past the tensor (zero-filled) included.
-    const uint32_t b_bytes = Cfg::kBlockN * 128u;
+    const bool narrow = width <= kNarrowLoadWidth;
+    const uint32_t b_bytes = (narrow ? width : Cfg::kBlockN) * 128u;
     for (int kt = 0; kt < k_tiles; ++kt) {
       const int s = kt % Cfg::kStages;
-      if (kt >= Cfg::kStages) wgmma::MbarWait(empty_bar(s), ((kt / Cfg::kStages) - 1) & 1);
+      if (kt >= Cfg::kStages) wgmma::MbarWait(sm.Empty(s), ((kt / Cfg::kStages) - 1) & 1);
       if (lane == 0) {
-        wgmma::MbarArriveExpectTx(full_bar(s), a_bytes + s_bytes + b_bytes);
-        wgmma::BulkLoad(stage_a(s), gmem_a + static_cast<int64_t>(kt) * a_bytes, a_bytes, full_bar(s));
-        wgmma::BulkLoad(stage_s(s), gmem_s + static_cast<int64_t>(kt) * s_bytes, s_bytes, full_bar(s));
-        wgmma::TensorLoad2d(stage_b(s), &tensor_map, kt * kTileCols, tc.seg_begin, full_bar(s));
+        wgmma::MbarArriveExpectTx(sm.Full(s), a_bytes + s_bytes + b_bytes);
+        wgmma::BulkLoad(sm.A(s), gmem_a + static_cast<int64_t>(kt) * a_bytes, a_bytes, sm.Full(s));
+        wgmma::BulkLoad(sm.Scales(s), gmem_s + static_cast<int64_t>(kt) * s_bytes, s_bytes, sm.Full(s));
+        if (narrow) {
+          for (int r = 0; r < width; r += 8)
+            wgmma::TensorLoad2d(sm.B(s) + r * 128, &map_narrow, kt * kTileCols, tc.seg_begin + r, sm.Full(s));
+        } else {
+          wgmma::TensorLoad2d(sm.B(s), &map_wide, kt * kTileCols, tc.seg_begin, sm.Full(s));
+        }
       }
     }
     return;
@@ -171,48 +273,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // Rows are padded to 64, so a warp's row groups (4 consecutive with the other consumer's) are
   // all real or all padding. Padding warps still take part in the warpgroup's MMAs (they are
   // collective), on zeros.
-  const bool active = FragRowGroup<Cfg::kMFrags, Cfg::kConsumers>(warp, wg, 0) < groups;
-
-  float acc[Cfg::kMFrags][Cfg::kNTiles][4];
-#pragma unroll
-  for (int f = 0; f < Cfg::kMFrags; ++f)
-#pragma unroll
-    for (int nt = 0; nt < Cfg::kNTiles; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[f][nt][i] = 0.0f;
-  uint32_t areg[2][Cfg::kMFrags][4];
-
-  const int g = lane >> 2;
-  for (int kt = 0; kt < k_tiles; ++kt) {
-    const int s = kt % Cfg::kStages;
-    wgmma::MbarWait(full_bar(s), (kt / Cfg::kStages) & 1);
-    uint4 frag_a[Cfg::kMFrags];
-    uint32_t frag_s[Cfg::kMFrags];
-#pragma unroll
-    for (int f = 0; f < Cfg::kMFrags; ++f) {
-      const int group = FragRowGroup<Cfg::kMFrags, Cfg::kConsumers>(warp, wg, f);
-      frag_a[f] = active ? ptx::LdShared128(stage_a(s) + group * kTileBytes + lane * 16) : make_uint4(0, 0, 0, 0);
-      frag_s[f] = active ? ptx::LdShared32(stage_s(s) + group * kTileScaleBytes + g * 4) : 0u;
-    }
-    // NOTE: B rows are 128 bytes and 8-row atoms 1024 bytes apart (the stride-dimension offset).
-    const uint64_t desc_b = wgmma::SmemDescK128(stage_b(s), 1024);
-#pragma unroll
-    for (int f = 0; f < Cfg::kMFrags; ++f) wgmma::FenceOperand(acc[f]);
-    IssueStep<Cfg, 0>(frag_a, frag_s, areg, desc_b, acc);
-    IssueStep<Cfg, 1>(frag_a, frag_s, areg, desc_b, acc);
-    IssueStep<Cfg, 2>(frag_a, frag_s, areg, desc_b, acc);
-    IssueStep<Cfg, 3>(frag_a, frag_s, areg, desc_b, acc);
-    // Every MMA of step kt - 1 has completed: its stage is free.
-    if (kt > 0 && lane == 0) wgmma::MbarArrive(empty_bar((kt - 1) % Cfg::kStages));
-  }
-  wgmma::Wait<0>();
-#pragma unroll
-  for (int f = 0; f < Cfg::kMFrags; ++f) wgmma::FenceOperand(acc[f]);
-
+  ConsumerArgs c;
+  c.k_tiles = k_tiles;
+  c.groups = groups;
+  c.warp = warp;
+  c.wg = wg;
+  c.lane = lane;
+  c.active = FragRowGroup<Cfg::kMFrags, Cfg::kConsumers>(warp, wg, 0) < groups;
+  c.staged = reinterpret_cast<float*>(smem_generic);
+  ConsumeTileOfWidth<Cfg, kFc1>(width, p, tc, sm, c);
   if constexpr (kFc1) {
-    Fc1Epilogue<Cfg::kMFrags, Cfg::kNTiles, Cfg::kConsumers>(p, acc, tc, warp, wg, lane, active, smem_amax);
-  } else {
-    if (active) Fc2Epilogue<Cfg::kMFrags, Cfg::kNTiles, Cfg::kConsumers>(p, acc, tc, warp, wg, lane);
+    ptx::NamedBarrierSync(kEpilogueBarrier, Cfg::kConsumers * 128);
+    Fc1Epilogue<Cfg::kBlockN>(p, tc, groups, c.staged, wg * 4 + warp, Cfg::kConsumers * 4, lane);
   }
 #else
   __trap();  // built for sm_90a only; cuda_moe.cu refuses other devices before launching
@@ -230,13 +302,14 @@ cudaError_t LaunchWgmmaConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, 
   dim3 grid;
   bool launch = false;
   if (const cudaError_t e = GridOf(grid_ctas, &grid, &launch); e != cudaSuccess || !launch) return e;
-  // The map spans b's capacity (at least one row, for an empty call the grid exits at once).
-  CUtensorMap map;
-  cudaError_t e = MakeBf16RowMap(&map, p.b, p.a_shape.cols, p.b_rows > 0 ? p.b_rows : 1, p.b_stride,
-                                 Cfg::kBlockN);
+  // The maps span b's capacity (at least one row, for an empty call the grid exits at once).
+  CUtensorMap wide, narrow;
+  const int64_t rows = p.b_rows > 0 ? p.b_rows : 1;
+  cudaError_t e = MakeBf16RowMap(&wide, p.b, p.a_shape.cols, rows, p.b_stride, Cfg::kBlockN);
+  if (e == cudaSuccess) e = MakeBf16RowMap(&narrow, p.b, p.a_shape.cols, rows, p.b_stride, 8);
   if (e != cudaSuccess) return e;
-  if (fc1) MoeWgmmaKernel<Cfg, true><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, map);
-  else MoeWgmmaKernel<Cfg, false><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, map);
+  if (fc1) MoeWgmmaKernel<Cfg, true><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, wide, narrow);
+  else MoeWgmmaKernel<Cfg, false><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, wide, narrow);
   return cudaGetLastError();
 }
 
@@ -248,5 +321,10 @@ GemmConfigInfo WgmmaInfoOf(const char* name) {
 // The instantiations, one per translation unit (moe_wgmma_*.cu).
 using ConfigWg64 = WgmmaConfig<64, 8>;    // fewer idle columns when experts get 50-100 tokens
 using ConfigWg128 = WgmmaConfig<128, 6>;  // the widest tile: the least dequantization per FLOP
+// Narrow tiles, where the weights are read about once and the layer is bound by reading them:
+// deep pipelines of bulk copies per SM (8 stages of 9.5-13 KB) instead of mma.sync's cp.async.
+using ConfigWg32 = WgmmaConfig<32, 8>;
+using ConfigWg16 = WgmmaConfig<16, 8>;
+using ConfigWg8 = WgmmaConfig<8, 8>;
 
 }  // namespace mxmoe::cuda::sm90
