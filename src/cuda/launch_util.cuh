@@ -5,6 +5,9 @@
 
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
 
 namespace mxmoe::cuda {
 
@@ -23,6 +26,35 @@ inline cudaError_t GridOf(int64_t ctas, dim3* grid, bool* launch) {
   if (ctas > INT_MAX) return cudaErrorInvalidConfiguration;
   *grid = dim3(static_cast<unsigned>(ctas > 0 ? ctas : 1));
   return cudaSuccess;
+}
+
+// Whether the pipeline's kernels are launched with programmatic dependent launch (ptx.cuh,
+// GridDependencyWait): MXMOE_PDL=1 turns it on (off by default until measured: perf-log v6).
+inline bool PdlEnabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MXMOE_PDL");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when PdlEnabled(): the
+// kernel must call ptx::GridDependencyWait before it touches global memory. Works under stream
+// capture (the graph gets a programmatic edge).
+template <class... Params, class... Args>
+cudaError_t LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                         Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = PdlEnabled() ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
 }  // namespace mxmoe::cuda

@@ -1,11 +1,33 @@
 // PTX wrappers the kernels use, each for an instruction CUDA C++ has no plain spelling of (or
-// spells through layers that hide what is issued). All of them exist on sm_80 and later, so the
-// files compile for both sm_90a and sm_120a.
+// spells through layers that hide what is issued). All of them exist on sm_80 and later (the grid
+// dependency pair on sm_90 and later), so the files compile for both sm_90a and sm_120a.
 #pragma once
 
 #include <cstdint>
 
 namespace mxmoe::cuda::ptx {
+
+// Programmatic dependent launch (PTX ISA, griddepcontrol): a kernel launched with
+// LaunchKernel's PDL attribute may start while the kernel before it in the stream still runs.
+// GridDependencyWait blocks until that kernel has completed and its writes are visible; every
+// kernel of the MoE pipeline calls it before touching global memory (which, by induction, orders
+// it after every earlier kernel too). LaunchDependents lets the next kernel's CTAs be placed once
+// every CTA of this grid has issued it. Both are no-ops for a kernel launched without the attribute.
+__device__ __forceinline__ void GridDependencyWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void LaunchDependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+// Both, at the top of a pipeline kernel.
+__device__ __forceinline__ void EnterPipelineKernel() {
+  GridDependencyWait();
+  LaunchDependents();
+}
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

@@ -5,7 +5,9 @@
 
 #include <cstdint>
 
+#include "cuda/launch_util.cuh"
 #include "cuda/moe_kernels.h"
+#include "cuda/ptx.cuh"
 #include "mxmoe/formats.h"
 
 namespace mxmoe::cuda {
@@ -34,6 +36,7 @@ __device__ bool IsBadId(int32_t id, int64_t num_experts) { return id < -1 || id 
 
 // Blocks [0, quant_threads) quantize one 32-block of x each; the rest write one routing key each.
 __global__ void __launch_bounds__(kThreads) PrepareKernel(const PrepareParams p, int64_t quant_threads) {
+  ptx::EnterPipelineKernel();
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (idx < quant_threads) {
     const int64_t blocks_per_row = p.hidden / kMxBlock;
@@ -137,6 +140,7 @@ constexpr int kTileThreads = 1024;
 __global__ void __launch_bounds__(kTileThreads)
     OffsetsTilesKernel(const int32_t* sorted_keys, int64_t n, int32_t num_local, int32_t block_n,
                        int32_t* offsets, int32_t* tile_offsets, int2* tiles, int32_t* num_tiles) {
+  ptx::EnterPipelineKernel();
   using Scan = cub::BlockScan<int32_t, kTileThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
   __shared__ int32_t carry;
@@ -172,6 +176,7 @@ __global__ void __launch_bounds__(kTileThreads)
 __global__ void __launch_bounds__(kThreads)
     CombineKernel(const float* y, const int32_t* topk_ids, int64_t num_tokens, int32_t top_k,
                   int64_t hidden, int64_t first_expert, int32_t num_local, OutputDType dtype, void* out) {
+  ptx::EnterPipelineKernel();
   const int64_t per_row = hidden / 4;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (idx >= num_tokens * per_row) return;
@@ -206,8 +211,8 @@ cudaError_t LaunchPrepare(const PrepareParams& p, cudaStream_t stream) {
   const int64_t blocks = Blocks(quant) + Blocks(p.num_tokens * p.top_k);
   if (blocks == 0) return cudaSuccess;
   // Quantization threads are padded to whole blocks so the key blocks start at a block edge.
-  PrepareKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p, Blocks(quant) * kThreads);
-  return cudaGetLastError();
+  return LaunchKernel(PrepareKernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, p,
+                      Blocks(quant) * kThreads);
 }
 
 cudaError_t LaunchCountBadIds(const int32_t* ids, int64_t n, int64_t num_experts,
@@ -239,9 +244,8 @@ cudaError_t SortPairs(void* temp, size_t temp_bytes, const int32_t* keys_in, int
 cudaError_t LaunchOffsetsAndTiles(const int32_t* sorted_keys, int64_t n, int32_t num_local,
                                   int32_t block_n, int32_t* expert_offsets, int32_t* tile_offsets,
                                   int2* tiles, int32_t* num_tiles, cudaStream_t stream) {
-  OffsetsTilesKernel<<<1, kTileThreads, 0, stream>>>(sorted_keys, n, num_local, block_n,
-                                                     expert_offsets, tile_offsets, tiles, num_tiles);
-  return cudaGetLastError();
+  return LaunchKernel(OffsetsTilesKernel, dim3(1), dim3(kTileThreads), 0, stream, sorted_keys, n, num_local, block_n,
+                      expert_offsets, tile_offsets, tiles, num_tiles);
 }
 
 namespace {
@@ -252,6 +256,7 @@ constexpr int kGatherWarps = 8;
 __global__ void __launch_bounds__(32 * kGatherWarps)
     GatherRowsKernel(const uint16_t* xq, int64_t stride, int64_t hidden, const int32_t* sorted_pairs,
                      const int32_t* valid_rows, int32_t top_k, uint16_t* xs) {
+  ptx::EnterPipelineKernel();
   const int64_t pos = static_cast<int64_t>(blockIdx.x) * kGatherWarps + (threadIdx.x >> 5);
   if (pos >= *valid_rows) return;
   const uint4* src = reinterpret_cast<const uint4*>(xq + static_cast<int64_t>(sorted_pairs[pos] / top_k) * stride);
@@ -267,9 +272,8 @@ cudaError_t LaunchGatherRows(const uint16_t* xq, int64_t stride, int64_t hidden,
   const int64_t blocks = (max_rows + kGatherWarps - 1) / kGatherWarps;
   if (blocks == 0) return cudaSuccess;
   if (blocks > INT32_MAX || hidden % 8 != 0 || stride % 8 != 0) return cudaErrorInvalidValue;
-  GatherRowsKernel<<<static_cast<unsigned>(blocks), 32 * kGatherWarps, 0, stream>>>(xq, stride, hidden, sorted_pairs,
-                                                                                  valid_rows, top_k, xs);
-  return cudaGetLastError();
+  return LaunchKernel(GatherRowsKernel, dim3(static_cast<unsigned>(blocks)), dim3(32 * kGatherWarps), 0, stream, xq,
+                      stride, hidden, sorted_pairs, valid_rows, top_k, xs);
 }
 
 cudaError_t LaunchCombine(const float* y, const int32_t* topk_ids, int64_t num_tokens,
@@ -277,9 +281,8 @@ cudaError_t LaunchCombine(const float* y, const int32_t* topk_ids, int64_t num_t
                           OutputDType dtype, void* out, cudaStream_t stream) {
   const int64_t blocks = Blocks(num_tokens * hidden / 4);
   if (blocks == 0) return cudaSuccess;
-  CombineKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      y, topk_ids, num_tokens, top_k, hidden, first_expert, num_local, dtype, out);
-  return cudaGetLastError();
+  return LaunchKernel(CombineKernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, y, topk_ids,
+                      num_tokens, top_k, hidden, first_expert, num_local, dtype, out);
 }
 
 }  // namespace mxmoe::cuda

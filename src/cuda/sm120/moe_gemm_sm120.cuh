@@ -176,6 +176,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) MoeGemmSm120Ke
 #if defined(MXMOE_SM120_MMA_AVAILABLE)
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ int32_t smem_rows[Cfg::kBlockM];  // A source row of each tile row, -1 past the segment
+  ptx::EnterPipelineKernel();
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp / Cfg::kWarpsN, warp_n = warp % Cfg::kWarpsN;
@@ -392,9 +393,8 @@ cudaError_t LaunchGemmConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, c
   dim3 grid;
   bool launch = false;
   if (const cudaError_t e = GridOf(grid_ctas, &grid, &launch); e != cudaSuccess || !launch) return e;
-  if (fc1) MoeGemmSm120Kernel<Cfg, true><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  else MoeGemmSm120Kernel<Cfg, false><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  return LaunchKernel(fc1 ? MoeGemmSm120Kernel<Cfg, true> : MoeGemmSm120Kernel<Cfg, false>, grid,
+                      dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, p);
 }
 
 template <class Cfg>

@@ -127,6 +127,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900)
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ int32_t smem_rows[Cfg::kBlockN];  // B source row of each tile column, -1 past the segment
+  ptx::EnterPipelineKernel();
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   TileCoords tc;
@@ -208,9 +209,8 @@ cudaError_t LaunchGemmConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, c
   dim3 grid;
   bool launch = false;
   if (const cudaError_t e = GridOf(grid_ctas, &grid, &launch); e != cudaSuccess || !launch) return e;
-  if (fc1) MoeGemmKernel<Cfg, true><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  else MoeGemmKernel<Cfg, false><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  return LaunchKernel(fc1 ? MoeGemmKernel<Cfg, true> : MoeGemmKernel<Cfg, false>, grid, dim3(Cfg::kThreads),
+                      Cfg::kSmemBytes, stream, p);
 }
 
 template <class Cfg>

@@ -230,6 +230,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     wgmma::FenceMbarInit();
   }
+  ptx::EnterPipelineKernel();
   TileCoords tc;
   // B rows are the tile's sorted positions for both GEMMs: no per-column row table.
   if (!ReadTile<Cfg::kBlockN, kFc1>(p, tid, Cfg::kThreads, nullptr, &tc)) return;  // (a barrier)
@@ -308,9 +309,8 @@ cudaError_t LaunchWgmmaConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, 
   cudaError_t e = MakeBf16RowMap(&wide, p.b, p.a_shape.cols, rows, p.b_stride, Cfg::kBlockN);
   if (e == cudaSuccess) e = MakeBf16RowMap(&narrow, p.b, p.a_shape.cols, rows, p.b_stride, 8);
   if (e != cudaSuccess) return e;
-  if (fc1) MoeWgmmaKernel<Cfg, true><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, wide, narrow);
-  else MoeWgmmaKernel<Cfg, false><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, wide, narrow);
-  return cudaGetLastError();
+  return LaunchKernel(fc1 ? MoeWgmmaKernel<Cfg, true> : MoeWgmmaKernel<Cfg, false>, grid, dim3(Cfg::kThreads),
+                      Cfg::kSmemBytes, stream, p, wide, narrow);
 }
 
 template <class Cfg>
