@@ -777,23 +777,44 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
     pp.num_experts = dims_.num_experts;
     pp.bad_ids = errors_.As<unsigned long long>();
     MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchPrepare(pp, stream), "input quantization / routing keys kernel"));
-    MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::SortPairs(at(l.sort_temp), sort_temp_bytes_, keys_in, keys_out, vals_in,
-                                                    vals_out, pairs, key_bits_, stream),
-                                    "routing sort"));
-    MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchOffsetsAndTiles(keys_out, pairs, static_cast<int32_t>(n_local),
-                                                                gemm.tile_tokens, offsets, tile_offsets, tiles,
-                                                                num_tiles, stream),
-                                    "routing offsets kernel"));
     // Tiles <= pairs / tile + one partial tile per touched expert.
     auto max_tiles = [&](int tile) { return std::min(pairs, (pairs + tile - 1) / tile + std::min(n_local, pairs)); };
     call.max_tiles = max_tiles(gemm.tile_tokens);
     call.fc2_max_tiles = max_tiles(gemm.fc2_tile_tokens);
-    if (fc2_own_tiles) {
+    int32_t* fc2_tile_offsets = reinterpret_cast<int32_t*>(at(l.fc2_tile_offsets));
+    if (pairs <= cuda::kSmallRoutePairs) {
+      cuda::RouteSmallParams rp;
+      rp.keys = keys_in;
+      rp.n = static_cast<int32_t>(pairs);
+      rp.num_local = static_cast<int32_t>(n_local);
+      rp.key_bits = key_bits_;
+      rp.sorted_pairs = vals_out;
+      rp.offsets = offsets;
+      rp.block_n = gemm.tile_tokens;
+      rp.tile_offsets = tile_offsets;
+      rp.tiles = tiles;
+      rp.num_tiles = num_tiles;
+      if (fc2_own_tiles) {
+        rp.block_n2 = gemm.fc2_tile_tokens;
+        rp.tile_offsets2 = fc2_tile_offsets;
+        rp.tiles2 = fc2_tiles;
+        rp.num_tiles2 = fc2_num_tiles;
+      }
+      MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchRouteSmall(rp, stream), "routing kernel (small calls)"));
+    } else {
+      MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::SortPairs(at(l.sort_temp), sort_temp_bytes_, keys_in, keys_out, vals_in,
+                                                      vals_out, pairs, key_bits_, stream),
+                                      "routing sort"));
       MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchOffsetsAndTiles(keys_out, pairs, static_cast<int32_t>(n_local),
-                                                                  gemm.fc2_tile_tokens, offsets,
-                                                                  reinterpret_cast<int32_t*>(at(l.fc2_tile_offsets)),
-                                                                  fc2_tiles, fc2_num_tiles, stream),
-                                      "routing offsets kernel (FC2 tiles)"));
+                                                                  gemm.tile_tokens, offsets, tile_offsets, tiles,
+                                                                  num_tiles, stream),
+                                      "routing offsets kernel"));
+      if (fc2_own_tiles) {
+        MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchOffsetsAndTiles(keys_out, pairs, static_cast<int32_t>(n_local),
+                                                                    gemm.fc2_tile_tokens, offsets, fc2_tile_offsets,
+                                                                    fc2_tiles, fc2_num_tiles, stream),
+                                        "routing offsets kernel (FC2 tiles)"));
+      }
     }
     call.topk_weights = in.topk_weights + t0 * top_k;
     MXMOE_RETURN_IF_ERROR(path_->LaunchGemms(gemm, call, stream));

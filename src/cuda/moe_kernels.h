@@ -85,6 +85,27 @@ cudaError_t LaunchOffsetsAndTiles(const int32_t* sorted_keys, int64_t n, int32_t
                                   int32_t block_n, int32_t* expert_offsets, int32_t* tile_offsets,
                                   int2* tiles, int32_t* num_tiles, cudaStream_t stream);
 
+// Up to kSmallRoutePairs pairs: SortPairs (values: the pair ids), then LaunchOffsetsAndTiles for
+// block_n and, when tiles2 is set, for block_n2, in one launch of one CTA.
+inline constexpr int kSmallRoutePairs = 4096;
+struct RouteSmallParams {
+  const int32_t* keys = nullptr;  // [n], as LaunchPrepare writes them
+  int32_t n = 0;
+  int32_t num_local = 0;
+  int key_bits = 1;
+  int32_t* sorted_pairs = nullptr;  // [n]
+  int32_t* offsets = nullptr;       // [num_local + 1]
+  int32_t block_n = 8;
+  int32_t* tile_offsets = nullptr;  // [num_local + 1]
+  int2* tiles = nullptr;
+  int32_t* num_tiles = nullptr;
+  int32_t block_n2 = 8;             // FC2's tile list, when its tiles are not FC1's
+  int32_t* tile_offsets2 = nullptr;
+  int2* tiles2 = nullptr;
+  int32_t* num_tiles2 = nullptr;
+};
+cudaError_t LaunchRouteSmall(const RouteSmallParams& p, cudaStream_t stream);
+
 // xs[pos, :K] = xq[sorted_pairs[pos] / top_k, :K] for the first *valid_rows sorted positions (of
 // at most max_rows): each expert's tokens as consecutive rows, for the kernels that load a tile's
 // tokens as one box (the wgmma GEMMs). Strides in elements; columns past K are not touched.

@@ -134,24 +134,19 @@ __device__ int LowerBound(const int32_t* v, int64_t n, int32_t key) {
 }
 
 constexpr int kTileThreads = 1024;
+using TileScan = cub::BlockScan<int32_t, kTileThreads>;
 
-// One CTA: offsets by binary search in the sorted keys, then the tile count per expert, its scan
-// (tile_offsets), and the tile list filled by every thread.
-__global__ void __launch_bounds__(kTileThreads)
-    OffsetsTilesKernel(const int32_t* sorted_keys, int64_t n, int32_t num_local, int32_t block_n,
-                       int32_t* offsets, int32_t* tile_offsets, int2* tiles, int32_t* num_tiles) {
-  ptx::EnterPipelineKernel();
-  using Scan = cub::BlockScan<int32_t, kTileThreads>;
-  __shared__ typename Scan::TempStorage scan_storage;
-  __shared__ int32_t carry;
+// For a CTA of kTileThreads whose offsets[0..num_local] are written and visible to the whole CTA:
+// the tile count per expert, its scan (tile_offsets), and the tile list filled by every thread.
+__device__ void TilesOfCta(const int32_t* offsets, int32_t num_local, int32_t block_n, int32_t* tile_offsets,
+                           int2* tiles, int32_t* num_tiles, TileScan::TempStorage& scan_storage, int32_t& carry) {
   if (threadIdx.x == 0) carry = 0;
-  for (int e = threadIdx.x; e <= num_local; e += kTileThreads) offsets[e] = LowerBound(sorted_keys, n, e);
   __syncthreads();
   for (int base = 0; base < num_local; base += kTileThreads) {
     const int e = base + static_cast<int>(threadIdx.x);
     const int count = e < num_local ? offsets[e + 1] - offsets[e] : 0;
     int start, total;
-    Scan(scan_storage).ExclusiveSum((count + block_n - 1) / block_n, start, total);
+    TileScan(scan_storage).ExclusiveSum((count + block_n - 1) / block_n, start, total);
     if (e < num_local) tile_offsets[e] = carry + start;
     __syncthreads();
     if (threadIdx.x == 0) carry += total;
@@ -171,6 +166,67 @@ __global__ void __launch_bounds__(kTileThreads)
     tiles[t] = make_int2(lo, (t - tile_offsets[lo]) * block_n);
   }
   if (threadIdx.x == 0) *num_tiles = total_tiles;
+}
+
+// One CTA: offsets by binary search in the sorted keys, then the tile list.
+__global__ void __launch_bounds__(kTileThreads)
+    OffsetsTilesKernel(const int32_t* sorted_keys, int64_t n, int32_t num_local, int32_t block_n,
+                       int32_t* offsets, int32_t* tile_offsets, int2* tiles, int32_t* num_tiles) {
+  ptx::EnterPipelineKernel();
+  __shared__ TileScan::TempStorage scan_storage;
+  __shared__ int32_t carry;
+  for (int e = threadIdx.x; e <= num_local; e += kTileThreads) offsets[e] = LowerBound(sorted_keys, n, e);
+  __syncthreads();
+  TilesOfCta(offsets, num_local, block_n, tile_offsets, tiles, num_tiles, scan_storage, carry);
+}
+
+// Small calls (decode): the sort, the offsets and the tile list(s) in one CTA. A block radix sort
+// of (key, pair) with the pairs in blocked order is stable, like the device-wide sort: pairs of one
+// expert stay in token order.
+constexpr int kRouteItems = kSmallRoutePairs / kTileThreads;
+using RouteSort = cub::BlockRadixSort<uint32_t, kTileThreads, kRouteItems, int32_t>;
+
+__global__ void __launch_bounds__(kTileThreads) RouteSmallKernel(const RouteSmallParams p) {
+  ptx::EnterPipelineKernel();
+  // The sort's storage, then the sorted keys, then the scan's: one after the other.
+  __shared__ union {
+    RouteSort::TempStorage sort;
+    uint32_t sorted_keys[kSmallRoutePairs];
+    TileScan::TempStorage scan;
+  } storage;
+  __shared__ int32_t carry;
+  uint32_t keys[kRouteItems];
+  int32_t pairs[kRouteItems];
+#pragma unroll
+  for (int i = 0; i < kRouteItems; ++i) {
+    const int pair = threadIdx.x * kRouteItems + i;
+    // Past n: the largest key, after every real pair (stability keeps them last among equals).
+    keys[i] = pair < p.n ? static_cast<uint32_t>(p.keys[pair]) : static_cast<uint32_t>(p.num_local);
+    pairs[i] = pair;
+  }
+  RouteSort(storage.sort).Sort(keys, pairs, 0, p.key_bits);
+  __syncthreads();  // every thread is done with the sort's storage
+  uint32_t* sorted_keys = storage.sorted_keys;
+#pragma unroll
+  for (int i = 0; i < kRouteItems; ++i) {
+    const int pos = threadIdx.x * kRouteItems + i;
+    sorted_keys[pos] = keys[i];
+    if (pos < p.n) p.sorted_pairs[pos] = pairs[i];
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e <= p.num_local; e += kTileThreads) {
+    int lo = 0, hi = p.n;
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (sorted_keys[mid] < static_cast<uint32_t>(e)) lo = mid + 1;
+      else hi = mid;
+    }
+    p.offsets[e] = lo;
+  }
+  __syncthreads();
+  TilesOfCta(p.offsets, p.num_local, p.block_n, p.tile_offsets, p.tiles, p.num_tiles, storage.scan, carry);
+  if (p.tiles2 != nullptr)
+    TilesOfCta(p.offsets, p.num_local, p.block_n2, p.tile_offsets2, p.tiles2, p.num_tiles2, storage.scan, carry);
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -239,6 +295,11 @@ cudaError_t SortPairs(void* temp, size_t temp_bytes, const int32_t* keys_in, int
   return cub::DeviceRadixSort::SortPairs(temp, temp_bytes, reinterpret_cast<const uint32_t*>(keys_in),
                                          reinterpret_cast<uint32_t*>(keys_out), vals_in, vals_out, n,
                                          0, key_bits, stream);
+}
+
+cudaError_t LaunchRouteSmall(const RouteSmallParams& p, cudaStream_t stream) {
+  if (p.n < 0 || p.n > kSmallRoutePairs || p.key_bits < 1 || p.key_bits > 32) return cudaErrorInvalidValue;
+  return LaunchKernel(RouteSmallKernel, dim3(1), dim3(kTileThreads), 0, stream, p);
 }
 
 cudaError_t LaunchOffsetsAndTiles(const int32_t* sorted_keys, int64_t n, int32_t num_local,
