@@ -20,7 +20,7 @@ bool DebugHeuristics() {
   return on;
 }
 
-// MXMOE_GEMM_CONFIG=n8|n32|n64|wg64|wg128 forces a config (for measuring them against each other).
+// MXMOE_GEMM_CONFIG=<name> (n8, n32, n64, wg32, wg64, wg128) forces a config (for measuring them against each other).
 std::atomic<int>& ForcedConfig() {
   static std::atomic<int> forced{[] {
     const char* v = std::getenv("MXMOE_GEMM_CONFIG");
@@ -51,16 +51,17 @@ LaunchChoice ChooseLaunch(const LayerDims& dims, int64_t num_tokens, int64_t max
   const double local = static_cast<double>(dims.num_local);
   const double touched = std::max(1.0, local * (1.0 - std::exp(-pairs / local)));
   c.pairs_per_expert = pairs / touched;
-  // Decode (a few pairs per expert) streams the weights once: the narrow mma.sync tile. Prefill
-  // reuses each weight tile over many tokens: the wgmma kernels, whose 128-token tile halves the
-  // dequantization per FLOP (docs/perf-log.md, v2). n64 (mma.sync) is reachable only through
-  // MXMOE_GEMM_CONFIG: n32 beat it at every size (v1.1).
-  c.gemm = c.pairs_per_expert <= 12.0 ? GemmConfigId::kN8 : GemmConfigId::kN32;
-  // Measured (docs/perf-log.md, v5): the wgmma kernel runs FC2 at ~580 TFLOP/s on full 128-token
-  // tiles but FC1 at ~240 (its epilogue, the activation and re-quantization of 128 x 128 values per
-  // warpgroup, does not overlap the MMAs), and n32 beats it on the whole layer. So FC2 takes wg128
-  // once tiles are half full or more, FC1 stays on n32.
-  c.gemm_fc2 = c.pairs_per_expert >= 64.0 ? GemmConfigId::kWg128 : c.gemm;
+  // Decode (a few pairs per expert) streams the weights once: the narrow mma.sync tile, whose
+  // CTAs (several per SM) keep more loads in flight than the one-CTA-per-SM wgmma kernels at the
+  // same width (wg8 / wg32, measured in v6, ran at 55-65% of the read roofline where n8 reached 80%).
+  // From 32 pairs per expert both GEMMs take the 128-token wgmma tile, whose MMAs shrink to the
+  // tile's tokens (wg128 for both GEMMs: T = 4096 in 13.7 ms against 19.8 ms with FC1 on n32, v6);
+  // between, n32 (T = 1024, 18 pairs per expert: 8.5 ms against wg128's 9.1 ms).
+  // n64, wg64 and the narrow wgmma configs are reachable only through MXMOE_GEMM_CONFIG.
+  if (c.pairs_per_expert <= 12.0) c.gemm = GemmConfigId::kN8;
+  else if (c.pairs_per_expert < 32.0) c.gemm = GemmConfigId::kN32;
+  else c.gemm = GemmConfigId::kWg128;
+  c.gemm_fc2 = c.gemm;
   const int forced = ForcedConfig().load(std::memory_order_relaxed);
   if (forced >= 0 && forced < kNumGemmConfigs) c.gemm = c.gemm_fc2 = static_cast<GemmConfigId>(forced);
 

@@ -151,8 +151,8 @@ struct GemmParams {
 
 // mma.sync kernels (sm90/moe_gemm.cuh) and wgmma kernels (sm90/moe_wgmma.cuh), by BLOCK_N; the
 // ids are stable (MXMOE_GEMM_CONFIG names them), new configs go at the end.
-enum class GemmConfigId : int { kN8 = 0, kN32 = 1, kN64 = 2, kWg64 = 3, kWg128 = 4, kWg32 = 5, kWg16 = 6, kWg8 = 7 };
-inline constexpr int kNumGemmConfigs = 8;
+enum class GemmConfigId : int { kN8 = 0, kN32 = 1, kN64 = 2, kWg64 = 3, kWg128 = 4, kWg32 = 5 };
+inline constexpr int kNumGemmConfigs = 6;
 // Whether a config's FC1 reads its tokens as rows in sorted order (LaunchGatherRows first) rather
 // than gathering them from xq itself.
 inline constexpr bool GemmLoadsSortedRows(GemmConfigId id) {

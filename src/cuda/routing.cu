@@ -7,6 +7,7 @@
 
 #include "cuda/launch_util.cuh"
 #include "cuda/moe_kernels.h"
+#include "cuda/mx_device.cuh"
 #include "cuda/ptx.cuh"
 #include "mxmoe/formats.h"
 
@@ -57,7 +58,7 @@ __global__ void __launch_bounds__(kThreads) PrepareKernel(const PrepareParams p,
           v[8 * i + 2 * j + 1] = bf16_to_float(static_cast<uint16_t>(w[j] >> 16));
         }
       }
-      scale = mxfp8_quantize_block(v, codes);
+      scale = QuantizeMxfp8Block(v, codes);
     } else {
       const uint4* src = reinterpret_cast<const uint4*>(p.x_e4m3 + t * p.hidden + b * kMxBlock);
 #pragma unroll
@@ -94,8 +95,8 @@ __global__ void __launch_bounds__(kThreads) PrepareKernel(const PrepareParams p,
       uint32_t w[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const uint32_t lo = float_to_bf16(e4m3_to_float(codes[8 * i + 2 * j]) * s);
-        const uint32_t hi = float_to_bf16(e4m3_to_float(codes[8 * i + 2 * j + 1]) * s);
+        const uint32_t lo = float_to_bf16(E4m3ToFloat(codes[8 * i + 2 * j]) * s);
+        const uint32_t hi = float_to_bf16(E4m3ToFloat(codes[8 * i + 2 * j + 1]) * s);
         w[j] = lo | (hi << 16);
       }
       dst[i] = make_uint4(w[0], w[1], w[2], w[3]);
@@ -238,16 +239,30 @@ __global__ void __launch_bounds__(kThreads)
   if (idx >= num_tokens * per_row) return;
   const int64_t t = idx / per_row, c4 = idx % per_row;
   // The reference's order: acc = 0, then acc += w_j * y_j for j = 0..k-1 (w_j * y_j is in y).
+  // The slots' ids first, then their rows, so that the loads of a token overlap.
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int j = 0; j < top_k; ++j) {
-    const int32_t id = topk_ids[t * top_k + j];
-    const int64_t local = static_cast<int64_t>(id) - first_expert;
-    if (id < 0 || local < 0 || local >= num_local) continue;
-    const float4 v = reinterpret_cast<const float4*>(y)[(t * top_k + j) * per_row + c4];
-    acc.x += v.x;
-    acc.y += v.y;
-    acc.z += v.z;
-    acc.w += v.w;
+  constexpr int kBatch = 8;
+  for (int j0 = 0; j0 < top_k; j0 += kBatch) {
+    bool valid[kBatch];
+    float4 v[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int32_t id = j0 + j < top_k ? topk_ids[t * top_k + j0 + j] : -1;
+      const int64_t local = static_cast<int64_t>(id) - first_expert;
+      valid[j] = id >= 0 && local >= 0 && local < num_local;
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j)
+      v[j] = valid[j] ? reinterpret_cast<const float4*>(y)[(t * top_k + j0 + j) * per_row + c4]
+                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      if (!valid[j]) continue;
+      acc.x += v[j].x;
+      acc.y += v[j].y;
+      acc.z += v[j].z;
+      acc.w += v[j].w;
+    }
   }
   if (dtype == OutputDType::kF32) {
     reinterpret_cast<float4*>(out)[idx] = acc;

@@ -19,6 +19,7 @@
 
 #include "core/activation_math.h"
 #include "cuda/moe_kernels.h"
+#include "cuda/mx_device.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/weight_layout.h"
 #include "mxmoe/formats.h"
@@ -123,7 +124,7 @@ __device__ __forceinline__ void RequantizeStaged(const GemmParams& p, const Tile
       const int s = mxfp8_scale_exponent(finite ? m[j] : 0.0f);
       const float scale = ue8m0_to_float(finite ? static_cast<uint8_t>(s + 127) : kUe8m0Nan);
       p.h[static_cast<int64_t>(tc.seg_begin + col[j]) * p.h_stride + i0 + idx[j]] =
-          float_to_bf16(e4m3_to_float(float_to_e4m3(ldexpf(a[j], -s))) * scale);
+          float_to_bf16(QuantizeE4m3Units(a[j], s) * scale);
     }
   }
 }

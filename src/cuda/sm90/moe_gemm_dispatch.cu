@@ -15,8 +15,6 @@ MXMOE_DECLARE_CONFIG(N64)
 MXMOE_DECLARE_CONFIG(Wg64)
 MXMOE_DECLARE_CONFIG(Wg128)
 MXMOE_DECLARE_CONFIG(Wg32)
-MXMOE_DECLARE_CONFIG(Wg16)
-MXMOE_DECLARE_CONFIG(Wg8)
 #undef MXMOE_DECLARE_CONFIG
 }  // namespace sm90
 
@@ -28,8 +26,6 @@ GemmConfigInfo GemmInfo(GemmConfigId id) {
     case GemmConfigId::kWg64: return sm90::InfoWg64();
     case GemmConfigId::kWg128: return sm90::InfoWg128();
     case GemmConfigId::kWg32: return sm90::InfoWg32();
-    case GemmConfigId::kWg16: return sm90::InfoWg16();
-    case GemmConfigId::kWg8: return sm90::InfoWg8();
   }
   return sm90::InfoN8();
 }
@@ -41,8 +37,6 @@ cudaError_t PrepareGemmKernels() {
   if (e == cudaSuccess) e = sm90::PrepareGemmWg64();
   if (e == cudaSuccess) e = sm90::PrepareGemmWg128();
   if (e == cudaSuccess) e = sm90::PrepareGemmWg32();
-  if (e == cudaSuccess) e = sm90::PrepareGemmWg16();
-  if (e == cudaSuccess) e = sm90::PrepareGemmWg8();
   return e;
 }
 
@@ -55,8 +49,6 @@ cudaError_t LaunchGemm(GemmConfigId id, bool fc1, const GemmParams& p, int64_t g
     case GemmConfigId::kWg64: return sm90::LaunchGemmWg64(fc1, p, grid_ctas, stream);
     case GemmConfigId::kWg128: return sm90::LaunchGemmWg128(fc1, p, grid_ctas, stream);
     case GemmConfigId::kWg32: return sm90::LaunchGemmWg32(fc1, p, grid_ctas, stream);
-    case GemmConfigId::kWg16: return sm90::LaunchGemmWg16(fc1, p, grid_ctas, stream);
-    case GemmConfigId::kWg8: return sm90::LaunchGemmWg8(fc1, p, grid_ctas, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -321,10 +321,9 @@ GemmConfigInfo WgmmaInfoOf(const char* name) {
 // The instantiations, one per translation unit (moe_wgmma_*.cu).
 using ConfigWg64 = WgmmaConfig<64, 8>;    // fewer idle columns when experts get 50-100 tokens
 using ConfigWg128 = WgmmaConfig<128, 6>;  // the widest tile: the least dequantization per FLOP
-// Narrow tiles, where the weights are read about once and the layer is bound by reading them:
-// deep pipelines of bulk copies per SM (8 stages of 9.5-13 KB) instead of mma.sync's cp.async.
+// A narrow tile, where the weights are read about once and the layer is bound by reading them: a
+// deep pipeline of bulk copies (8 stages of 13 KB). Measured slower than n32 (perf-log v6: one
+// CTA per SM keeps too few bytes in flight); kept for comparing them.
 using ConfigWg32 = WgmmaConfig<32, 8>;
-using ConfigWg16 = WgmmaConfig<16, 8>;
-using ConfigWg8 = WgmmaConfig<8, 8>;
 
 }  // namespace mxmoe::cuda::sm90
