@@ -135,19 +135,22 @@ __device__ int LowerBound(const int32_t* v, int64_t n, int32_t key) {
 }
 
 constexpr int kTileThreads = 1024;
-using TileScan = cub::BlockScan<int32_t, kTileThreads>;
+template <int kCtaThreads>
+using TileScan = cub::BlockScan<int32_t, kCtaThreads>;
 
-// For a CTA of kTileThreads whose offsets[0..num_local] are written and visible to the whole CTA:
+// For a CTA of kCtaThreads whose offsets[0..num_local] are written and visible to the whole CTA:
 // the tile count per expert, its scan (tile_offsets), and the tile list filled by every thread.
+template <int kCtaThreads>
 __device__ void TilesOfCta(const int32_t* offsets, int32_t num_local, int32_t block_n, int32_t* tile_offsets,
-                           int2* tiles, int32_t* num_tiles, TileScan::TempStorage& scan_storage, int32_t& carry) {
+                           int2* tiles, int32_t* num_tiles, typename TileScan<kCtaThreads>::TempStorage& scan_storage,
+                           int32_t& carry) {
   if (threadIdx.x == 0) carry = 0;
   __syncthreads();
-  for (int base = 0; base < num_local; base += kTileThreads) {
+  for (int base = 0; base < num_local; base += kCtaThreads) {
     const int e = base + static_cast<int>(threadIdx.x);
     const int count = e < num_local ? offsets[e + 1] - offsets[e] : 0;
     int start, total;
-    TileScan(scan_storage).ExclusiveSum((count + block_n - 1) / block_n, start, total);
+    TileScan<kCtaThreads>(scan_storage).ExclusiveSum((count + block_n - 1) / block_n, start, total);
     if (e < num_local) tile_offsets[e] = carry + start;
     __syncthreads();
     if (threadIdx.x == 0) carry += total;
@@ -156,7 +159,7 @@ __device__ void TilesOfCta(const int32_t* offsets, int32_t num_local, int32_t bl
   const int total_tiles = carry;
   if (threadIdx.x == 0) tile_offsets[num_local] = total_tiles;
   __syncthreads();
-  for (int t = threadIdx.x; t < total_tiles; t += kTileThreads) {
+  for (int t = threadIdx.x; t < total_tiles; t += kCtaThreads) {
     // The expert of tile t: the last e with tile_offsets[e] <= t.
     int lo = 0, hi = num_local;
     while (hi - lo > 1) {
@@ -174,33 +177,34 @@ __global__ void __launch_bounds__(kTileThreads)
     OffsetsTilesKernel(const int32_t* sorted_keys, int64_t n, int32_t num_local, int32_t block_n,
                        int32_t* offsets, int32_t* tile_offsets, int2* tiles, int32_t* num_tiles) {
   ptx::EnterPipelineKernel();
-  __shared__ TileScan::TempStorage scan_storage;
+  __shared__ TileScan<kTileThreads>::TempStorage scan_storage;
   __shared__ int32_t carry;
   for (int e = threadIdx.x; e <= num_local; e += kTileThreads) offsets[e] = LowerBound(sorted_keys, n, e);
   __syncthreads();
-  TilesOfCta(offsets, num_local, block_n, tile_offsets, tiles, num_tiles, scan_storage, carry);
+  TilesOfCta<kTileThreads>(offsets, num_local, block_n, tile_offsets, tiles, num_tiles, scan_storage, carry);
 }
 
-// Small calls (decode): the sort, the offsets and the tile list(s) in one CTA. A block radix sort
-// of (key, pair) with the pairs in blocked order is stable, like the device-wide sort: pairs of one
-// expert stay in token order.
-constexpr int kRouteItems = kSmallRoutePairs / kTileThreads;
-using RouteSort = cub::BlockRadixSort<uint32_t, kTileThreads, kRouteItems, int32_t>;
-
-__global__ void __launch_bounds__(kTileThreads) RouteSmallKernel(const RouteSmallParams p) {
+// Small calls (decode): the sort, the offsets and the tile list(s) in one CTA of kCtaThreads x
+// kItems pairs (sized to the call: the sort's passes cost by the slots, not the pairs). A block
+// radix sort of (key, pair) with the pairs in blocked order is stable, like the device-wide sort:
+// pairs of one expert stay in token order.
+template <int kCtaThreads, int kItems>
+__global__ void __launch_bounds__(kCtaThreads) RouteSmallKernel(const RouteSmallParams p) {
+  constexpr int kSlots = kCtaThreads * kItems;
+  using RouteSort = cub::BlockRadixSort<uint32_t, kCtaThreads, kItems, int32_t>;
   ptx::EnterPipelineKernel();
   // The sort's storage, then the sorted keys, then the scan's: one after the other.
   __shared__ union {
-    RouteSort::TempStorage sort;
-    uint32_t sorted_keys[kSmallRoutePairs];
-    TileScan::TempStorage scan;
+    typename RouteSort::TempStorage sort;
+    uint32_t sorted_keys[kSlots];
+    typename TileScan<kCtaThreads>::TempStorage scan;
   } storage;
   __shared__ int32_t carry;
-  uint32_t keys[kRouteItems];
-  int32_t pairs[kRouteItems];
+  uint32_t keys[kItems];
+  int32_t pairs[kItems];
 #pragma unroll
-  for (int i = 0; i < kRouteItems; ++i) {
-    const int pair = threadIdx.x * kRouteItems + i;
+  for (int i = 0; i < kItems; ++i) {
+    const int pair = threadIdx.x * kItems + i;
     // Past n: the largest key, after every real pair (stability keeps them last among equals).
     keys[i] = pair < p.n ? static_cast<uint32_t>(p.keys[pair]) : static_cast<uint32_t>(p.num_local);
     pairs[i] = pair;
@@ -209,13 +213,13 @@ __global__ void __launch_bounds__(kTileThreads) RouteSmallKernel(const RouteSmal
   __syncthreads();  // every thread is done with the sort's storage
   uint32_t* sorted_keys = storage.sorted_keys;
 #pragma unroll
-  for (int i = 0; i < kRouteItems; ++i) {
-    const int pos = threadIdx.x * kRouteItems + i;
+  for (int i = 0; i < kItems; ++i) {
+    const int pos = threadIdx.x * kItems + i;
     sorted_keys[pos] = keys[i];
     if (pos < p.n) p.sorted_pairs[pos] = pairs[i];
   }
   __syncthreads();
-  for (int e = threadIdx.x; e <= p.num_local; e += kTileThreads) {
+  for (int e = threadIdx.x; e <= p.num_local; e += kCtaThreads) {
     int lo = 0, hi = p.n;
     while (lo < hi) {
       const int mid = (lo + hi) / 2;
@@ -225,9 +229,11 @@ __global__ void __launch_bounds__(kTileThreads) RouteSmallKernel(const RouteSmal
     p.offsets[e] = lo;
   }
   __syncthreads();
-  TilesOfCta(p.offsets, p.num_local, p.block_n, p.tile_offsets, p.tiles, p.num_tiles, storage.scan, carry);
+  TilesOfCta<kCtaThreads>(p.offsets, p.num_local, p.block_n, p.tile_offsets, p.tiles, p.num_tiles, storage.scan,
+                          carry);
   if (p.tiles2 != nullptr)
-    TilesOfCta(p.offsets, p.num_local, p.block_n2, p.tile_offsets2, p.tiles2, p.num_tiles2, storage.scan, carry);
+    TilesOfCta<kCtaThreads>(p.offsets, p.num_local, p.block_n2, p.tile_offsets2, p.tiles2, p.num_tiles2,
+                            storage.scan, carry);
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -314,7 +320,10 @@ cudaError_t SortPairs(void* temp, size_t temp_bytes, const int32_t* keys_in, int
 
 cudaError_t LaunchRouteSmall(const RouteSmallParams& p, cudaStream_t stream) {
   if (p.n < 0 || p.n > kSmallRoutePairs || p.key_bits < 1 || p.key_bits > 32) return cudaErrorInvalidValue;
-  return LaunchKernel(RouteSmallKernel, dim3(1), dim3(kTileThreads), 0, stream, p);
+  // T <= 16 at k = 16 (most decode steps) in 256 slots; up to kSmallRoutePairs in 1024 x 4.
+  if (p.n <= 256) return LaunchKernel(RouteSmallKernel<256, 1>, dim3(1), dim3(256), 0, stream, p);
+  static_assert(kSmallRoutePairs == 1024 * 4, "the larger variant's slots");
+  return LaunchKernel(RouteSmallKernel<1024, 4>, dim3(1), dim3(1024), 0, stream, p);
 }
 
 cudaError_t LaunchOffsetsAndTiles(const int32_t* sorted_keys, int64_t n, int32_t num_local,
