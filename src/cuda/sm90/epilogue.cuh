@@ -95,9 +95,9 @@ __device__ __forceinline__ void RequantizeStaged(const GemmParams& p, const Tile
   const int64_t i0 = tc.group0 * 8;  // the block's first intermediate index
   const float* gate_bias = p.gate_bias + static_cast<int64_t>(tc.expert) * (p.a_shape.rows / 2) + i0;
   const float* up_bias = p.up_bias + static_cast<int64_t>(tc.expert) * (p.a_shape.rows / 2) + i0;
-  // Eight independent items per pass hide the latency of the activation and the shuffles; items
+  // Four independent items per pass hide the latency of the activation and the shuffles; items
   // are warp-uniform, so the validity branches do not diverge.
-  constexpr int kIlp = 8;
+  constexpr int kIlp = 4;
   for (int base = warp_id * kIlp; base < items; base += warps * kIlp) {
     float a[kIlp], m[kIlp];
     int col[kIlp], idx[kIlp];
