@@ -141,193 +141,89 @@ __device__ __forceinline__ void FenceOperand(float (&d)[kN][4]) {
 // m64nNk16 with bf16 A from registers and B from shared memory (K-major), fp32 accumulators: one
 // overload per tile width the kernels use (d[N / 8][4], the D fragment of PTX ISA 9.7.15.5.1.1.1).
 // The scale-d predicate is 1 (accumulate); the immediates are scale-a = scale-b = 1 and tnspB = 0.
-__device__ __forceinline__ void WgmmaBf16Rs(float (&d)[1][4], const uint32_t (&a)[4], uint64_t desc_b) {
+// The D operands of the macro below, one 8-column tile (4 registers) each.
+#define MXMOE_WGMMA_D(i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
+// kTiles = N / 8; kDRegs "{%0, ..., %(4 kTiles - 1)}"; kRest "{A registers}, desc" and kPred the
+// operand numbers after them; the variadic part: MXMOE_WGMMA_D(0), ..., MXMOE_WGMMA_D(kTiles - 1).
+#define MXMOE_WGMMA_RS(kTiles, kShape, kDRegs, kRest, kPred, ...)                                   \
+  __device__ __forceinline__ void WgmmaBf16Rs(float (&d)[kTiles][4], const uint32_t (&a)[4], \
+                                              uint64_t desc_b) {                             \
+    MXMOE_WGMMA_ASM(kShape, kDRegs, kRest, kPred, __VA_ARGS__)                               \
+  }
 #if MXMOE_WGMMA_AVAILABLE
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+#define MXMOE_WGMMA_ASM(kShape, kDRegs, kRest, kPred, ...)                                 \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " kPred ", 0;\n"                          \
+               "wgmma.mma_async.sync.aligned." kShape ".f32.bf16.bf16 " kDRegs ", " kRest \
+               ", p, 1, 1, 0;\n}\n"                                                         \
+               : __VA_ARGS__                                                              \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+#else
+#define MXMOE_WGMMA_ASM(...)
 #endif
-}
-__device__ __forceinline__ void WgmmaBf16Rs(float (&d)[2][4], const uint32_t (&a)[4], uint64_t desc_b) {
-#if MXMOE_WGMMA_AVAILABLE
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7}, "
-      "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
-#endif
-}
-__device__ __forceinline__ void WgmmaBf16Rs(float (&d)[3][4], const uint32_t (&a)[4], uint64_t desc_b) {
-#if MXMOE_WGMMA_AVAILABLE
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %17, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n24k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11}, "
-      "{%12, %13, %14, %15}, %16, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
-#endif
-}
-__device__ __forceinline__ void WgmmaBf16Rs(float (&d)[4][4], const uint32_t (&a)[4], uint64_t desc_b) {
-#if MXMOE_WGMMA_AVAILABLE
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-      "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
-#endif
-}
-__device__ __forceinline__ void WgmmaBf16Rs(float (&d)[6][4], const uint32_t (&a)[4], uint64_t desc_b) {
-#if MXMOE_WGMMA_AVAILABLE
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %29, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-      ", %16, %17, %18, %19, %20, %21, %22, %23}, "
-      "{%24, %25, %26, %27}, %28, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
-#endif
-}
-__device__ __forceinline__ void WgmmaBf16Rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b) {
-#if MXMOE_WGMMA_AVAILABLE
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-      ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
-#endif
-}
-__device__ __forceinline__ void WgmmaBf16Rs(float (&d)[10][4], const uint32_t (&a)[4], uint64_t desc_b) {
-#if MXMOE_WGMMA_AVAILABLE
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-      ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      ", %32, %33, %34, %35, %36, %37, %38, %39}, "
-      "{%40, %41, %42, %43}, %44, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
-        "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
-        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
-#endif
-}
-__device__ __forceinline__ void WgmmaBf16Rs(float (&d)[12][4], const uint32_t (&a)[4], uint64_t desc_b) {
-#if MXMOE_WGMMA_AVAILABLE
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-      ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, "
-      "{%48, %49, %50, %51}, %52, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
-        "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
-        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
-        "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
-        "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
-#endif
-}
-__device__ __forceinline__ void WgmmaBf16Rs(float (&d)[14][4], const uint32_t (&a)[4], uint64_t desc_b) {
-#if MXMOE_WGMMA_AVAILABLE
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %61, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n112k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-      ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
-      ", %48, %49, %50, %51, %52, %53, %54, %55}, "
-      "{%56, %57, %58, %59}, %60, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
-        "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
-        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
-        "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
-        "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
-        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
-        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
-#endif
-}
-__device__ __forceinline__ void WgmmaBf16Rs(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc_b) {
-#if MXMOE_WGMMA_AVAILABLE
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-      ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
-      ", %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
-        "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
-        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
-        "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
-        "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
-        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
-        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
-        "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
-        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
-#endif
-}
+MXMOE_WGMMA_RS(1, "m64n8k16",
+               "{%0, %1, %2, %3}",
+               "{%4, %5, %6, %7}, %8", "%9",
+               MXMOE_WGMMA_D(0))
+MXMOE_WGMMA_RS(2, "m64n16k16",
+               "{%0, %1, %2, %3, %4, %5, %6, %7}",
+               "{%8, %9, %10, %11}, %12", "%13",
+               MXMOE_WGMMA_D(0), MXMOE_WGMMA_D(1))
+MXMOE_WGMMA_RS(3, "m64n24k16",
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11}",
+               "{%12, %13, %14, %15}, %16", "%17",
+               MXMOE_WGMMA_D(0), MXMOE_WGMMA_D(1), MXMOE_WGMMA_D(2))
+MXMOE_WGMMA_RS(4, "m64n32k16",
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}",
+               "{%16, %17, %18, %19}, %20", "%21",
+               MXMOE_WGMMA_D(0), MXMOE_WGMMA_D(1), MXMOE_WGMMA_D(2), MXMOE_WGMMA_D(3))
+MXMOE_WGMMA_RS(6, "m64n48k16",
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+               ", %16, %17, %18, %19, %20, %21, %22, %23}",
+               "{%24, %25, %26, %27}, %28", "%29",
+               MXMOE_WGMMA_D(0), MXMOE_WGMMA_D(1), MXMOE_WGMMA_D(2), MXMOE_WGMMA_D(3), MXMOE_WGMMA_D(4),
+               MXMOE_WGMMA_D(5))
+MXMOE_WGMMA_RS(8, "m64n64k16",
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+               ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}",
+               "{%32, %33, %34, %35}, %36", "%37",
+               MXMOE_WGMMA_D(0), MXMOE_WGMMA_D(1), MXMOE_WGMMA_D(2), MXMOE_WGMMA_D(3), MXMOE_WGMMA_D(4),
+               MXMOE_WGMMA_D(5), MXMOE_WGMMA_D(6), MXMOE_WGMMA_D(7))
+MXMOE_WGMMA_RS(10, "m64n80k16",
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+               ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+               ", %32, %33, %34, %35, %36, %37, %38, %39}",
+               "{%40, %41, %42, %43}, %44", "%45",
+               MXMOE_WGMMA_D(0), MXMOE_WGMMA_D(1), MXMOE_WGMMA_D(2), MXMOE_WGMMA_D(3), MXMOE_WGMMA_D(4),
+               MXMOE_WGMMA_D(5), MXMOE_WGMMA_D(6), MXMOE_WGMMA_D(7), MXMOE_WGMMA_D(8), MXMOE_WGMMA_D(9))
+MXMOE_WGMMA_RS(12, "m64n96k16",
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+               ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+               ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}",
+               "{%48, %49, %50, %51}, %52", "%53",
+               MXMOE_WGMMA_D(0), MXMOE_WGMMA_D(1), MXMOE_WGMMA_D(2), MXMOE_WGMMA_D(3), MXMOE_WGMMA_D(4),
+               MXMOE_WGMMA_D(5), MXMOE_WGMMA_D(6), MXMOE_WGMMA_D(7), MXMOE_WGMMA_D(8), MXMOE_WGMMA_D(9),
+               MXMOE_WGMMA_D(10), MXMOE_WGMMA_D(11))
+MXMOE_WGMMA_RS(14, "m64n112k16",
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+               ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+               ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
+               ", %48, %49, %50, %51, %52, %53, %54, %55}",
+               "{%56, %57, %58, %59}, %60", "%61",
+               MXMOE_WGMMA_D(0), MXMOE_WGMMA_D(1), MXMOE_WGMMA_D(2), MXMOE_WGMMA_D(3), MXMOE_WGMMA_D(4),
+               MXMOE_WGMMA_D(5), MXMOE_WGMMA_D(6), MXMOE_WGMMA_D(7), MXMOE_WGMMA_D(8), MXMOE_WGMMA_D(9),
+               MXMOE_WGMMA_D(10), MXMOE_WGMMA_D(11), MXMOE_WGMMA_D(12), MXMOE_WGMMA_D(13))
+MXMOE_WGMMA_RS(16, "m64n128k16",
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+               ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+               ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
+               ", %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}",
+               "{%64, %65, %66, %67}, %68", "%69",
+               MXMOE_WGMMA_D(0), MXMOE_WGMMA_D(1), MXMOE_WGMMA_D(2), MXMOE_WGMMA_D(3), MXMOE_WGMMA_D(4),
+               MXMOE_WGMMA_D(5), MXMOE_WGMMA_D(6), MXMOE_WGMMA_D(7), MXMOE_WGMMA_D(8), MXMOE_WGMMA_D(9),
+               MXMOE_WGMMA_D(10), MXMOE_WGMMA_D(11), MXMOE_WGMMA_D(12), MXMOE_WGMMA_D(13),
+               MXMOE_WGMMA_D(14), MXMOE_WGMMA_D(15))
+#undef MXMOE_WGMMA_RS
+#undef MXMOE_WGMMA_ASM
+#undef MXMOE_WGMMA_D
 
 }  // namespace mxmoe::cuda::wgmma
