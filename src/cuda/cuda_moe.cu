@@ -113,9 +113,6 @@ struct GemmCall {
   const int2* tiles = nullptr;
   const int32_t* num_tiles = nullptr;
   int64_t max_tiles = 0;  // an upper bound of *num_tiles, known on the host
-  const int2* fc2_tiles = nullptr;  // FC2's tile list (the same as tiles when the widths agree)
-  const int32_t* fc2_num_tiles = nullptr;
-  int64_t fc2_max_tiles = 0;
   int32_t top_k = 0;
   const float* topk_weights = nullptr;
   const ExpertParams* experts = nullptr;
@@ -124,15 +121,11 @@ struct GemmCall {
   const float* up_bias = nullptr;
 };
 
-// A chunk's GEMM config and its routing tile (tokens per tile).
+// A chunk's GEMM config (both GEMMs) and its routing tile (tokens per tile).
 struct GemmChoice {
   int config = 0;
   int tile_tokens = 1;
   const char* name = "";
-  // FC2's, when it runs another config (with its own tile list when the width differs).
-  int fc2_config = 0;
-  int fc2_tile_tokens = 1;
-  const char* fc2_name = "";
 };
 
 class KernelPath {
@@ -184,9 +177,8 @@ class Sm90Path final : public KernelPath {
   size_t XqBytes(int64_t tokens) const override { return tokens * XStride() * 2; }
   size_t HBytes(int64_t pairs) const override { return pairs * HStride() * 2; }
   GemmChoice Choose(const cuda::LaunchChoice& launch) const override {
-    const cuda::GemmConfigInfo info = cuda::GemmInfo(launch.gemm), fc2 = cuda::GemmInfo(launch.gemm_fc2);
-    return {static_cast<int>(launch.gemm), info.block_n, info.name, static_cast<int>(launch.gemm_fc2), fc2.block_n,
-            fc2.name};
+    const cuda::GemmConfigInfo info = cuda::GemmInfo(launch.gemm);
+    return {static_cast<int>(launch.gemm), info.block_n, info.name};
   }
   void SetQuantOutput(const GemmCall& call, cuda::PrepareParams* pp) const override {
     pp->xq = reinterpret_cast<uint16_t*>(call.xq);
@@ -243,11 +235,8 @@ class Sm90Path final : public KernelPath {
     g2.b_stride = g.h_stride;
     g2.b_rows = call.chunk_tokens * call.top_k;
     g2.m_tiles = m_tiles2;
-    g2.tiles = call.fc2_tiles;
-    g2.num_tiles = call.fc2_num_tiles;
-    return CudaCheck(cuda::LaunchGemm(static_cast<cuda::GemmConfigId>(choice.fc2_config), false, g2,
-                                      m_tiles2 * call.fc2_max_tiles, stream),
-                     std::string("FC2 grouped GEMM (") + choice.fc2_name + ")");
+    return CudaCheck(cuda::LaunchGemm(id, false, g2, m_tiles2 * call.max_tiles, stream),
+                     std::string("FC2 grouped GEMM (") + choice.name + ")");
   }
   void SetReferenceWeights(cuda::ReferenceParams* p) const override {
     p->w13_tiles = w13_tiles_.As<uint8_t>();
@@ -297,7 +286,7 @@ class Sm120Path final : public KernelPath {
   GemmChoice Choose(const cuda::LaunchChoice& launch) const override {
     const cuda::sm120::GemmConfigId id = cuda::sm120::ChooseGemmConfig(launch.pairs_per_expert);
     const cuda::sm120::GemmConfigInfo info = cuda::sm120::GemmInfo(id);
-    return {static_cast<int>(id), info.block_m, info.name, static_cast<int>(id), info.block_m, info.name};
+    return {static_cast<int>(id), info.block_m, info.name};
   }
   void SetQuantOutput(const GemmCall& call, cuda::PrepareParams* pp) const override {
     pp->xq_codes = call.xq;
@@ -409,7 +398,6 @@ class CudaMoeImpl final : public CudaMoe {
   class DebugScope;
   struct RunLayout {
     size_t xq, h, y, keys_in, keys_out, vals_in, vals_out, offsets, tile_offsets, tiles, num_tiles, sort_temp;
-    size_t fc2_tile_offsets, fc2_tiles, fc2_num_tiles;
     size_t total;
   };
   struct RefLayout {
@@ -432,9 +420,6 @@ class CudaMoeImpl final : public CudaMoe {
     l.tile_offsets = a.Take(experts * 4);
     l.tiles = a.Take(pairs * 8);  // every tile holds >= 1 pair
     l.num_tiles = a.Take(4);
-    l.fc2_tile_offsets = a.Take(experts * 4);
-    l.fc2_tiles = a.Take(pairs * 8);
-    l.fc2_num_tiles = a.Take(4);
     l.sort_temp = a.Take(sort_temp_bytes_);
     l.total = a.Take(0);
     return l;
@@ -747,11 +732,6 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
   call.expert_offsets = offsets;
   call.tiles = tiles;
   call.num_tiles = num_tiles;
-  const bool fc2_own_tiles = gemm.fc2_tile_tokens != gemm.tile_tokens;
-  int2* fc2_tiles = fc2_own_tiles ? reinterpret_cast<int2*>(at(l.fc2_tiles)) : tiles;
-  int32_t* fc2_num_tiles = fc2_own_tiles ? reinterpret_cast<int32_t*>(at(l.fc2_num_tiles)) : num_tiles;
-  call.fc2_tiles = fc2_tiles;
-  call.fc2_num_tiles = fc2_num_tiles;
   call.top_k = static_cast<int32_t>(top_k);
   call.experts = params_.As<ExpertParams>();
   call.act = layout_.activation.type;
@@ -761,6 +741,8 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
   for (int64_t t0 = 0; t0 < t_count; t0 += choice.chunk_tokens) {
     const int64_t tc = std::min(choice.chunk_tokens, t_count - t0);
     const int64_t pairs = tc * top_k;
+    // Small calls sort, offset and tile in one kernel that numbers the pairs itself.
+    const bool small_routing = pairs <= cuda::kSmallRoutePairs;
     cuda::PrepareParams pp;
     pp.num_tokens = tc;
     pp.hidden = k_dim;
@@ -773,16 +755,13 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
     pp.first_expert = first_expert_;
     pp.num_local = static_cast<int32_t>(n_local);
     pp.keys = keys_in;
-    pp.pair_ids = vals_in;
+    pp.pair_ids = small_routing ? nullptr : vals_in;
     pp.num_experts = dims_.num_experts;
     pp.bad_ids = errors_.As<unsigned long long>();
     MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchPrepare(pp, stream), "input quantization / routing keys kernel"));
     // Tiles <= pairs / tile + one partial tile per touched expert.
-    auto max_tiles = [&](int tile) { return std::min(pairs, (pairs + tile - 1) / tile + std::min(n_local, pairs)); };
-    call.max_tiles = max_tiles(gemm.tile_tokens);
-    call.fc2_max_tiles = max_tiles(gemm.fc2_tile_tokens);
-    int32_t* fc2_tile_offsets = reinterpret_cast<int32_t*>(at(l.fc2_tile_offsets));
-    if (pairs <= cuda::kSmallRoutePairs) {
+    call.max_tiles = std::min(pairs, (pairs + gemm.tile_tokens - 1) / gemm.tile_tokens + std::min(n_local, pairs));
+    if (small_routing) {
       cuda::RouteSmallParams rp;
       rp.keys = keys_in;
       rp.n = static_cast<int32_t>(pairs);
@@ -794,12 +773,6 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
       rp.tile_offsets = tile_offsets;
       rp.tiles = tiles;
       rp.num_tiles = num_tiles;
-      if (fc2_own_tiles) {
-        rp.block_n2 = gemm.fc2_tile_tokens;
-        rp.tile_offsets2 = fc2_tile_offsets;
-        rp.tiles2 = fc2_tiles;
-        rp.num_tiles2 = fc2_num_tiles;
-      }
       MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchRouteSmall(rp, stream), "routing kernel (small calls)"));
     } else {
       MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::SortPairs(at(l.sort_temp), sort_temp_bytes_, keys_in, keys_out, vals_in,
@@ -809,12 +782,6 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
                                                                   gemm.tile_tokens, offsets, tile_offsets, tiles,
                                                                   num_tiles, stream),
                                       "routing offsets kernel"));
-      if (fc2_own_tiles) {
-        MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchOffsetsAndTiles(keys_out, pairs, static_cast<int32_t>(n_local),
-                                                                    gemm.fc2_tile_tokens, offsets, fc2_tile_offsets,
-                                                                    fc2_tiles, fc2_num_tiles, stream),
-                                        "routing offsets kernel (FC2 tiles)"));
-      }
     }
     call.topk_weights = in.topk_weights + t0 * top_k;
     MXMOE_RETURN_IF_ERROR(path_->LaunchGemms(gemm, call, stream));

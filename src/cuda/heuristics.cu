@@ -20,7 +20,7 @@ bool DebugHeuristics() {
   return on;
 }
 
-// MXMOE_GEMM_CONFIG=<name> (n8, n32, n64, wg32, wg64, wg128) forces a config (for measuring them against each other).
+// MXMOE_GEMM_CONFIG=n8|n32|n64|wg64|wg128 forces a config (for measuring them against each other).
 std::atomic<int>& ForcedConfig() {
   static std::atomic<int> forced{[] {
     const char* v = std::getenv("MXMOE_GEMM_CONFIG");
@@ -51,28 +51,27 @@ LaunchChoice ChooseLaunch(const LayerDims& dims, int64_t num_tokens, int64_t max
   const double local = static_cast<double>(dims.num_local);
   const double touched = std::max(1.0, local * (1.0 - std::exp(-pairs / local)));
   c.pairs_per_expert = pairs / touched;
-  // Decode (a few pairs per expert) streams the weights once: the narrow mma.sync tile, whose
-  // CTAs (several per SM) keep more loads in flight than the one-CTA-per-SM wgmma kernels at the
-  // same width (wg8 / wg32, measured in v6, ran at 55-65% of the read roofline where n8 reached 80%).
-  // From 32 pairs per expert both GEMMs take the 128-token wgmma tile, whose MMAs shrink to the
-  // tile's tokens (wg128 for both GEMMs: T = 4096 in 13.7 ms against 19.8 ms with FC1 on n32, v6);
-  // between, n32 (T = 1024, 18 pairs per expert: 8.5 ms against wg128's 9.1 ms).
-  // n64, wg64 and the narrow wgmma configs are reachable only through MXMOE_GEMM_CONFIG.
+  // One config for both GEMMs (docs/perf-log.md, v6 and v6.1). Decode (a few pairs per expert)
+  // streams the weights once: the narrow mma.sync tile, whose CTAs (several per SM) keep more loads
+  // in flight than the one-CTA-per-SM wgmma kernels at the same width (wg8 / wg32 ran at 40-65% of
+  // the read roofline at T = 1..128, n8 at 52-80% at T = 1 and 8; both removed since). From 32 pairs per expert
+  // the 128-token wgmma tile, whose MMAs shrink to the tile's tokens; between, n32. Measured: T =
+  // 1024 (18 pairs per expert) n32 6.77 ms, wg128 8.73 ms; T = 2048 (37) wg128 9.25 ms, n32 11.89 ms.
+  // n64 and wg64 are reachable only through MXMOE_GEMM_CONFIG.
   if (c.pairs_per_expert <= 12.0) c.gemm = GemmConfigId::kN8;
   else if (c.pairs_per_expert < 32.0) c.gemm = GemmConfigId::kN32;
   else c.gemm = GemmConfigId::kWg128;
-  c.gemm_fc2 = c.gemm;
   const int forced = ForcedConfig().load(std::memory_order_relaxed);
-  if (forced >= 0 && forced < kNumGemmConfigs) c.gemm = c.gemm_fc2 = static_cast<GemmConfigId>(forced);
+  if (forced >= 0 && forced < kNumGemmConfigs) c.gemm = static_cast<GemmConfigId>(forced);
 
   if (DebugHeuristics()) {
     const GemmConfigInfo info = GemmInfo(c.gemm);
     std::fprintf(stderr,
                  "mxmoe heuristics: T=%lld -> %lld chunk(s) of <= %lld tokens; ~%.1f pairs per "
-                 "touched expert -> FC1 %s (BLOCK_M %d, BLOCK_N %d, %d threads, %d stages, %d B smem), FC2 %s\n",
+                 "touched expert -> %s (BLOCK_M %d, BLOCK_N %d, %d threads, %d stages, %d B smem)\n",
                  static_cast<long long>(num_tokens), static_cast<long long>(c.num_chunks),
                  static_cast<long long>(c.chunk_tokens), c.pairs_per_expert, info.name, info.block_m,
-                 info.block_n, info.threads, info.stages, info.smem_bytes, GemmInfo(c.gemm_fc2).name);
+                 info.block_n, info.threads, info.stages, info.smem_bytes);
   }
   return c;
 }

@@ -19,8 +19,7 @@ struct LayerDims {
 struct LaunchChoice {
   int64_t chunk_tokens = 0;  // tokens per chunk (the last may be shorter)
   int64_t num_chunks = 0;
-  GemmConfigId gemm = GemmConfigId::kN8;      // FC1's config
-  GemmConfigId gemm_fc2 = GemmConfigId::kN8;  // FC2's (its own tile list when the width differs)
+  GemmConfigId gemm = GemmConfigId::kN8;  // both GEMMs' config
   double pairs_per_expert = 0;  // the estimate behind the configs
 };
 

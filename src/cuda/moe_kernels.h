@@ -62,7 +62,7 @@ struct PrepareParams {
   int64_t first_expert = 0;
   int32_t num_local = 0;
   int32_t* keys = nullptr;  // [T*k] local expert, or num_local for a skipped slot
-  int32_t* pair_ids = nullptr;  // [T*k] 0..T*k-1
+  int32_t* pair_ids = nullptr;  // [T*k] 0..T*k-1 (the values SortPairs sorts), or null
   // The error word: ids outside [-1, num_experts) are added here (one atomic per block), or null.
   int64_t num_experts = 0;  // E, global
   unsigned long long* bad_ids = nullptr;
@@ -85,8 +85,8 @@ cudaError_t LaunchOffsetsAndTiles(const int32_t* sorted_keys, int64_t n, int32_t
                                   int32_t block_n, int32_t* expert_offsets, int32_t* tile_offsets,
                                   int2* tiles, int32_t* num_tiles, cudaStream_t stream);
 
-// Up to kSmallRoutePairs pairs: SortPairs (values: the pair ids), then LaunchOffsetsAndTiles for
-// block_n and, when tiles2 is set, for block_n2, in one launch of one CTA.
+// Up to kSmallRoutePairs pairs: SortPairs (values: the pair ids), then LaunchOffsetsAndTiles, in
+// one launch of one CTA.
 inline constexpr int kSmallRoutePairs = 4096;
 struct RouteSmallParams {
   const int32_t* keys = nullptr;  // [n], as LaunchPrepare writes them
@@ -99,10 +99,6 @@ struct RouteSmallParams {
   int32_t* tile_offsets = nullptr;  // [num_local + 1]
   int2* tiles = nullptr;
   int32_t* num_tiles = nullptr;
-  int32_t block_n2 = 8;             // FC2's tile list, when its tiles are not FC1's
-  int32_t* tile_offsets2 = nullptr;
-  int2* tiles2 = nullptr;
-  int32_t* num_tiles2 = nullptr;
 };
 cudaError_t LaunchRouteSmall(const RouteSmallParams& p, cudaStream_t stream);
 
@@ -149,14 +145,13 @@ struct GemmParams {
   const float* topk_weights = nullptr;  // chunk rows [T, k]
 };
 
-// mma.sync kernels (sm90/moe_gemm.cuh) and wgmma kernels (sm90/moe_wgmma.cuh), by BLOCK_N; the
-// ids are stable (MXMOE_GEMM_CONFIG names them), new configs go at the end.
-enum class GemmConfigId : int { kN8 = 0, kN32 = 1, kN64 = 2, kWg64 = 3, kWg128 = 4, kWg32 = 5 };
-inline constexpr int kNumGemmConfigs = 6;
+// mma.sync kernels (sm90/moe_gemm.cuh) and wgmma kernels (sm90/moe_wgmma.cuh), by BLOCK_N.
+enum class GemmConfigId : int { kN8 = 0, kN32 = 1, kN64 = 2, kWg64 = 3, kWg128 = 4 };
+inline constexpr int kNumGemmConfigs = 5;
 // Whether a config's FC1 reads its tokens as rows in sorted order (LaunchGatherRows first) rather
 // than gathering them from xq itself.
 inline constexpr bool GemmLoadsSortedRows(GemmConfigId id) {
-  return id >= GemmConfigId::kWg64;
+  return id == GemmConfigId::kWg64 || id == GemmConfigId::kWg128;
 }
 
 struct GemmConfigInfo {

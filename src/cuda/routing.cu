@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(kThreads) PrepareKernel(const PrepareParams p,
     const int64_t local = static_cast<int64_t>(id) - p.first_expert;
     const bool valid = id >= 0 && local >= 0 && local < p.num_local;
     p.keys[pair] = valid ? static_cast<int32_t>(local) : p.num_local;
-    p.pair_ids[pair] = static_cast<int32_t>(pair);
+    if (p.pair_ids != nullptr) p.pair_ids[pair] = static_cast<int32_t>(pair);
   }
   if (p.bad_ids != nullptr) CountBadIdsOfBlock(IsBadId(id, p.num_experts), p.bad_ids);
 }
@@ -172,19 +172,28 @@ __device__ void TilesOfCta(const int32_t* offsets, int32_t num_local, int32_t bl
   if (threadIdx.x == 0) *num_tiles = total_tiles;
 }
 
-// One CTA: offsets by binary search in the sorted keys, then the tile list.
+// The offsets by binary search in the sorted keys (visible to the whole CTA), then the tile list.
+template <int kCtaThreads>
+__device__ void OffsetsAndTilesOfCta(const int32_t* sorted_keys, int64_t n, int32_t num_local, int32_t block_n,
+                                     int32_t* offsets, int32_t* tile_offsets, int2* tiles, int32_t* num_tiles,
+                                     typename TileScan<kCtaThreads>::TempStorage& scan_storage, int32_t& carry) {
+  for (int e = threadIdx.x; e <= num_local; e += kCtaThreads) offsets[e] = LowerBound(sorted_keys, n, e);
+  __syncthreads();
+  TilesOfCta<kCtaThreads>(offsets, num_local, block_n, tile_offsets, tiles, num_tiles, scan_storage, carry);
+}
+
+// One CTA: OffsetsAndTilesOfCta over the device-wide sort's keys.
 __global__ void __launch_bounds__(kTileThreads)
     OffsetsTilesKernel(const int32_t* sorted_keys, int64_t n, int32_t num_local, int32_t block_n,
                        int32_t* offsets, int32_t* tile_offsets, int2* tiles, int32_t* num_tiles) {
   ptx::EnterPipelineKernel();
   __shared__ TileScan<kTileThreads>::TempStorage scan_storage;
   __shared__ int32_t carry;
-  for (int e = threadIdx.x; e <= num_local; e += kTileThreads) offsets[e] = LowerBound(sorted_keys, n, e);
-  __syncthreads();
-  TilesOfCta<kTileThreads>(offsets, num_local, block_n, tile_offsets, tiles, num_tiles, scan_storage, carry);
+  OffsetsAndTilesOfCta<kTileThreads>(sorted_keys, n, num_local, block_n, offsets, tile_offsets, tiles, num_tiles,
+                                     scan_storage, carry);
 }
 
-// Small calls (decode): the sort, the offsets and the tile list(s) in one CTA of kCtaThreads x
+// Small calls (decode): the sort, the offsets and the tile list in one CTA of kCtaThreads x
 // kItems pairs (sized to the call: the sort's passes cost by the slots, not the pairs). A block
 // radix sort of (key, pair) with the pairs in blocked order is stable, like the device-wide sort:
 // pairs of one expert stay in token order.
@@ -196,7 +205,7 @@ __global__ void __launch_bounds__(kCtaThreads) RouteSmallKernel(const RouteSmall
   // The sort's storage, then the sorted keys, then the scan's: one after the other.
   __shared__ union {
     typename RouteSort::TempStorage sort;
-    uint32_t sorted_keys[kSlots];
+    int32_t sorted_keys[kSlots];
     typename TileScan<kCtaThreads>::TempStorage scan;
   } storage;
   __shared__ int32_t carry;
@@ -211,29 +220,16 @@ __global__ void __launch_bounds__(kCtaThreads) RouteSmallKernel(const RouteSmall
   }
   RouteSort(storage.sort).Sort(keys, pairs, 0, p.key_bits);
   __syncthreads();  // every thread is done with the sort's storage
-  uint32_t* sorted_keys = storage.sorted_keys;
 #pragma unroll
   for (int i = 0; i < kItems; ++i) {
     const int pos = threadIdx.x * kItems + i;
-    sorted_keys[pos] = keys[i];
+    storage.sorted_keys[pos] = static_cast<int32_t>(keys[i]);  // <= num_local
     if (pos < p.n) p.sorted_pairs[pos] = pairs[i];
   }
   __syncthreads();
-  for (int e = threadIdx.x; e <= p.num_local; e += kCtaThreads) {
-    int lo = 0, hi = p.n;
-    while (lo < hi) {
-      const int mid = (lo + hi) / 2;
-      if (sorted_keys[mid] < static_cast<uint32_t>(e)) lo = mid + 1;
-      else hi = mid;
-    }
-    p.offsets[e] = lo;
-  }
-  __syncthreads();
-  TilesOfCta<kCtaThreads>(p.offsets, p.num_local, p.block_n, p.tile_offsets, p.tiles, p.num_tiles, storage.scan,
-                          carry);
-  if (p.tiles2 != nullptr)
-    TilesOfCta<kCtaThreads>(p.offsets, p.num_local, p.block_n2, p.tile_offsets2, p.tiles2, p.num_tiles2,
-                            storage.scan, carry);
+  // (The offsets' searches end at a barrier before the scan reuses the keys' storage.)
+  OffsetsAndTilesOfCta<kCtaThreads>(storage.sorted_keys, p.n, p.num_local, p.block_n, p.offsets, p.tile_offsets,
+                                    p.tiles, p.num_tiles, storage.scan, carry);
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -245,30 +241,16 @@ __global__ void __launch_bounds__(kThreads)
   if (idx >= num_tokens * per_row) return;
   const int64_t t = idx / per_row, c4 = idx % per_row;
   // The reference's order: acc = 0, then acc += w_j * y_j for j = 0..k-1 (w_j * y_j is in y).
-  // The slots' ids first, then their rows, so that the loads of a token overlap.
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  constexpr int kBatch = 8;
-  for (int j0 = 0; j0 < top_k; j0 += kBatch) {
-    bool valid[kBatch];
-    float4 v[kBatch];
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int32_t id = j0 + j < top_k ? topk_ids[t * top_k + j0 + j] : -1;
-      const int64_t local = static_cast<int64_t>(id) - first_expert;
-      valid[j] = id >= 0 && local >= 0 && local < num_local;
-    }
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j)
-      v[j] = valid[j] ? reinterpret_cast<const float4*>(y)[(t * top_k + j0 + j) * per_row + c4]
-                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      if (!valid[j]) continue;
-      acc.x += v[j].x;
-      acc.y += v[j].y;
-      acc.z += v[j].z;
-      acc.w += v[j].w;
-    }
+  for (int j = 0; j < top_k; ++j) {
+    const int32_t id = topk_ids[t * top_k + j];
+    const int64_t local = static_cast<int64_t>(id) - first_expert;
+    if (id < 0 || local < 0 || local >= num_local) continue;
+    const float4 v = reinterpret_cast<const float4*>(y)[(t * top_k + j) * per_row + c4];
+    acc.x += v.x;
+    acc.y += v.y;
+    acc.z += v.z;
+    acc.w += v.w;
   }
   if (dtype == OutputDType::kF32) {
     reinterpret_cast<float4*>(out)[idx] = acc;

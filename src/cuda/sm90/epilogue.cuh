@@ -48,9 +48,8 @@ __device__ __forceinline__ float AmaxTerm(float a) {
 }
 
 // FC1 goes through shared memory. Kept in registers, the activation and re-quantization of a
-// fragment layout unroll into one copy per accumulator pair (64 for wg128: ~48 K SASS instructions,
-// executed once per tile and fetched from L2 every time; perf-log v6). Staged, one loop serves
-// every tile width:
+// fragment layout unrolled into one copy per accumulator pair (the wg128 FC1 kernel was ~48 K lines
+// of SASS against FC2's ~7 K; perf-log v6). Staged, one loop serves every tile width:
 //   1. every thread writes its gate and up accumulators into two fp32 planes [kBlockN][kStagedStride]
 //      (row = token column, index = the block's intermediate index 8 rg + g);
 //   2. every warp takes (token column, MX block) items: lane j computes intermediate index 32 b + j,
@@ -93,10 +92,9 @@ __device__ __forceinline__ void RequantizeStaged(const GemmParams& p, const Tile
   const int blocks = groups / kWarpRowGroups;  // rows are padded to 64: whole MX blocks of 32
   const int items = tc.n_valid * blocks;
   const int64_t i0 = tc.group0 * 8;  // the block's first intermediate index
-  const float* gate_bias = p.gate_bias + static_cast<int64_t>(tc.expert) * (p.a_shape.rows / 2) + i0;
-  const float* up_bias = p.up_bias + static_cast<int64_t>(tc.expert) * (p.a_shape.rows / 2) + i0;
-  // Four independent items per pass hide the latency of the activation and the shuffles; items
-  // are warp-uniform, so the validity branches do not diverge.
+  const int64_t bias0 = static_cast<int64_t>(tc.expert) * (p.a_shape.rows / 2) + i0;
+  // Four independent items per pass (eight measured no faster: perf-log v6.2); items are
+  // warp-uniform, so the validity branches do not diverge.
   constexpr int kIlp = 4;
   for (int base = warp_id * kIlp; base < items; base += warps * kIlp) {
     float a[kIlp], m[kIlp];
@@ -108,8 +106,8 @@ __device__ __forceinline__ void RequantizeStaged(const GemmParams& p, const Tile
       idx[j] = (item - col[j] * blocks) * 32 + lane;
       float gv = staged[col[j] * kStagedStride + idx[j]] * ep.fc1_scale;  // a power of two: exact
       float uv = up[col[j] * kStagedStride + idx[j]] * ep.fc1_scale;
-      if (ep.has_gate_bias) gv += gate_bias[idx[j]];  // (adding 0 would turn -0 into +0)
-      if (ep.has_up_bias) uv += up_bias[idx[j]];
+      if (ep.has_gate_bias) gv += p.gate_bias[bias0 + idx[j]];  // (adding 0 would turn -0 into +0)
+      if (ep.has_up_bias) uv += p.up_bias[bias0 + idx[j]];
       a[j] = apply_activation(kAct, gv, uv, ep.act);
       m[j] = AmaxTerm(a[j]);
     }

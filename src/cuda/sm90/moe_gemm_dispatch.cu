@@ -14,7 +14,6 @@ MXMOE_DECLARE_CONFIG(N32)
 MXMOE_DECLARE_CONFIG(N64)
 MXMOE_DECLARE_CONFIG(Wg64)
 MXMOE_DECLARE_CONFIG(Wg128)
-MXMOE_DECLARE_CONFIG(Wg32)
 #undef MXMOE_DECLARE_CONFIG
 }  // namespace sm90
 
@@ -25,7 +24,6 @@ GemmConfigInfo GemmInfo(GemmConfigId id) {
     case GemmConfigId::kN64: return sm90::InfoN64();
     case GemmConfigId::kWg64: return sm90::InfoWg64();
     case GemmConfigId::kWg128: return sm90::InfoWg128();
-    case GemmConfigId::kWg32: return sm90::InfoWg32();
   }
   return sm90::InfoN8();
 }
@@ -36,7 +34,6 @@ cudaError_t PrepareGemmKernels() {
   if (e == cudaSuccess) e = sm90::PrepareGemmN64();
   if (e == cudaSuccess) e = sm90::PrepareGemmWg64();
   if (e == cudaSuccess) e = sm90::PrepareGemmWg128();
-  if (e == cudaSuccess) e = sm90::PrepareGemmWg32();
   return e;
 }
 
@@ -48,7 +45,6 @@ cudaError_t LaunchGemm(GemmConfigId id, bool fc1, const GemmParams& p, int64_t g
     case GemmConfigId::kN64: return sm90::LaunchGemmN64(fc1, p, grid_ctas, stream);
     case GemmConfigId::kWg64: return sm90::LaunchGemmWg64(fc1, p, grid_ctas, stream);
     case GemmConfigId::kWg128: return sm90::LaunchGemmWg128(fc1, p, grid_ctas, stream);
-    case GemmConfigId::kWg32: return sm90::LaunchGemmWg32(fc1, p, grid_ctas, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -141,7 +141,7 @@ struct StageMap {
 
 // What a consumer thread needs besides its tile width.
 struct ConsumerArgs {
-  int k_tiles, groups, warp, wg, lane;
+  int k_tiles, warp, wg, lane;
   bool active;
   float* staged;  // FC1: the staging planes (the stages' memory)
 };
@@ -276,7 +276,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // collective), on zeros.
   ConsumerArgs c;
   c.k_tiles = k_tiles;
-  c.groups = groups;
   c.warp = warp;
   c.wg = wg;
   c.lane = lane;
@@ -321,9 +320,5 @@ GemmConfigInfo WgmmaInfoOf(const char* name) {
 // The instantiations, one per translation unit (moe_wgmma_*.cu).
 using ConfigWg64 = WgmmaConfig<64, 8>;    // fewer idle columns when experts get 50-100 tokens
 using ConfigWg128 = WgmmaConfig<128, 6>;  // the widest tile: the least dequantization per FLOP
-// A narrow tile, where the weights are read about once and the layer is bound by reading them: a
-// deep pipeline of bulk copies (8 stages of 13 KB). Measured slower than n32 (perf-log v6: one
-// CTA per SM keeps too few bytes in flight); kept for comparing them.
-using ConfigWg32 = WgmmaConfig<32, 8>;
 
 }  // namespace mxmoe::cuda::sm90
