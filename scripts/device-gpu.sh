@@ -5,7 +5,7 @@
 # ./device-out); a short table is printed last.
 #   scripts/device-gpu.sh [all|build|test|sanitize|bench|profile|bench2|sm120] ...   (default: all;
 #   sm120, the SM120 path in emulation and its sm_120a SASS, only when named)
-#   GTEST_FILTER=... narrows the suite; BENCH_ARGS="--shapes kimi-k3 --tokens 1,8" narrows the
+#   EXTRA_CUDA_FLAGS adds nvcc flags (e.g. -DMXMOE_DEBUG_MBAR_TIMEOUT); GTEST_FILTER=... narrows the suite; BENCH_ARGS="--shapes kimi-k3 --tokens 1,8" narrows the
 #   benchmark (default: the whole sweep of `make bench`, with the PyTorch peer and the report).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +24,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --fo
 if want build || want test || want sanitize || want bench || want profile || want bench2 || want kprofile || want dist; then
   t0=$(secs)
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMXMOE_CUDA=ON -DMXMOE_CUDA_ARCHS=90a \
-    -DCMAKE_CUDA_FLAGS="-Xptxas -v" >"$OUT/configure.log" 2>&1 || { note "configure FAILED"; tail -20 "$OUT/configure.log"; exit 1; }
+    -DCMAKE_CUDA_FLAGS="-Xptxas -v ${EXTRA_CUDA_FLAGS:-}" >"$OUT/configure.log" 2>&1 || { note "configure FAILED"; tail -20 "$OUT/configure.log"; exit 1; }
   cmake --build "$BUILD" -j16 --target mxmoe_gpu_tests mxmoe_cli >"$OUT/build.log" 2>&1 \
     || { note "build FAILED"; grep -E "error" "$OUT/build.log" | head -20; exit 1; }
   note "build: ok in $(( $(secs) - t0 )) s"

@@ -28,13 +28,17 @@ inline cudaError_t GridOf(int64_t ctas, dim3* grid, bool* launch) {
   return cudaSuccess;
 }
 
+// Whether environment variable `name` is set to exactly `value` (read on every call: callers on
+// hot paths cache it).
+inline bool EnvFlagIs(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, value) == 0;
+}
+
 // Whether the pipeline's kernels are launched with programmatic dependent launch (ptx.cuh,
 // GridDependencyWait): MXMOE_PDL=1 turns it on (off by default until measured: perf-log v6).
 inline bool PdlEnabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("MXMOE_PDL");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
+  static const bool on = EnvFlagIs("MXMOE_PDL", "1");
   return on;
 }
 

@@ -168,6 +168,14 @@ cudaError_t PrepareGemmKernels();
 // grid_ctas = m_tiles * (upper bound of the tile count); CTAs past the real count exit at once.
 cudaError_t LaunchGemm(GemmConfigId id, bool fc1, const GemmParams& p, int64_t grid_ctas,
                        cudaStream_t stream);
+// The persistent FC1 kernel of wg128 (perf-log v7), one CTA per SM: used when on (set at start from
+// MXMOE_FC1_PERSISTENT=1|0, default kPersistentFc1Default); LimitPersistentCtas(n) caps it at n CTAs
+// (so that the tests walk many items through each CTA on small layers), 0 lifts the cap.
+inline constexpr bool kPersistentFc1Default = false;
+void SetPersistentFc1(bool on);
+bool PersistentFc1Enabled();
+void LimitPersistentCtas(int ctas);
+int PersistentCtaLimit();
 
 // ---- the unfused reference (reference_kernels.cu) ---------------------------------------------
 struct ReferenceParams {

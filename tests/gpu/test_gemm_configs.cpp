@@ -3,6 +3,7 @@
 // shapes (and the wgmma ones only on large shapes checked against the GPU reference).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,55 @@ TEST(CudaGemmConfigs, ConfigsAgreeOnAKimiShapedLayer) {
     const ForcedConfig forced(id);
     SCOPED_TRACE(cuda::GemmInfo(static_cast<cuda::GemmConfigId>(id)).name);
     EXPECT_TRUE(MoeCloseF32(dc.RunF32(), ref, {in.num_tokens, s.hidden}, s.top_k * s.intermediate));
+  }
+}
+
+// The persistent FC1 kernel (wg128) with its CTAs capped, so that each CTA walks many work items
+// of different widths through its ring of stages and its activation plane (a layer this small has
+// fewer items than SMs otherwise). Every activation kind, several routings, against the CPU
+// reference.
+// The kernel is off by default and not yet verified on the device (it hung on its first runs:
+// docs/perf-log.md, v7), so that a hang cannot stall `make test-gpu`, this test runs only with
+// MXMOE_TEST_PERSISTENT_FC1=1 (the next device session's first command).
+TEST(CudaGemmConfigs, PersistentFc1WalksManyItemsPerCta) {
+  MXMOE_REQUIRE_SM90();
+  const char* opt_in = std::getenv("MXMOE_TEST_PERSISTENT_FC1");
+  if (opt_in == nullptr || std::string(opt_in) != "1")
+    GTEST_SKIP() << "the persistent FC1 kernel is experimental: MXMOE_TEST_PERSISTENT_FC1=1 runs this test";
+  struct CtaLimit {
+    explicit CtaLimit(int n) { cuda::LimitPersistentCtas(n); }
+    ~CtaLimit() { cuda::LimitPersistentCtas(0); }
+  };
+  struct PersistentOn {
+    const bool before = cuda::PersistentFc1Enabled();
+    PersistentOn() { cuda::SetPersistentFc1(true); }
+    ~PersistentOn() { cuda::SetPersistentFc1(before); }
+  };
+  const PersistentOn persistent;
+  const ForcedConfig forced(static_cast<int>(cuda::GemmConfigId::kWg128));
+  uint64_t seed = 1700;
+  for (const ActivationType kind : {ActivationType::Situ, ActivationType::Swiglu, ActivationType::SwigluBias,
+                                    ActivationType::Geglu, ActivationType::GegluTanh}) {
+    // 2 I = 640: three row blocks, the last one partial (padding warps).
+    const LayerShape s{8, 192, 320, 4};
+    const bool bias = kind == ActivationType::SwigluBias;
+    ExpertSet set = SyntheticSet(s, SpecFor(kind, s.num_experts), ++seed, {}, bias);
+    auto moe = MakeCudaMoe(set);
+    ASSERT_TRUE(moe);
+    for (int64_t t : {3, 77, 700}) {
+      for (RoutingPattern pat : {RoutingPattern::kUniform, RoutingPattern::kHeavyHitters, RoutingPattern::kWithInvalid}) {
+        SyntheticInput in;
+        MakeSyntheticInput(s, t, pat, ++seed, &in);
+        const auto ref = ReferenceF32(set, InputOf(in));
+        DeviceCase dc(*moe, in);
+        for (int ctas : {1, 2, 5}) {
+          const CtaLimit limit(ctas);
+          SCOPED_TRACE(std::string(ActivationName(kind)) + " " + RoutingPatternName(pat) + " T=" + std::to_string(t) +
+                       " CTAs=" + std::to_string(ctas));
+          EXPECT_TRUE(MoeCloseF32(dc.RunF32(), ref, {t, s.hidden}, s.top_k * s.intermediate));
+        }
+      }
+    }
   }
 }
 

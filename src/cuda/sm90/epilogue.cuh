@@ -83,6 +83,36 @@ __device__ __forceinline__ void StageFc1(const float (&acc)[kMFrags][kNTiles][4]
   }
 }
 
+// The MXFP8 re-quantization of kIlp warp-uniform items (token column col[j], intermediate index
+// idx[j] = 32 b + lane of MX block b) whose activations a[j] the lanes hold: the block's amax over
+// the warp, its scale, and the dequantized value stored as bf16 into h[sorted position, i]. Items
+// base + j >= items are placeholders (any valid item's values) and store nothing.
+template <int kIlp>
+__device__ __forceinline__ void StoreMxfp8Items(const GemmParams& p, const TileCoords& tc, int64_t i0, int base,
+                                                int items, const float (&a)[kIlp], const int (&col)[kIlp],
+                                                const int (&idx)[kIlp]) {
+  float m[kIlp];
+#pragma unroll
+  for (int j = 0; j < kIlp; ++j) m[j] = AmaxTerm(a[j]);
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1)
+#pragma unroll
+    for (int j = 0; j < kIlp; ++j) m[j] = fmaxf(m[j], __shfl_xor_sync(0xFFFFFFFFu, m[j], off));
+#pragma unroll
+  for (int j = 0; j < kIlp; ++j) {
+    if (base + j >= items) break;
+    const bool finite = m[j] <= FLT_MAX;
+    const int s = mxfp8_scale_exponent(finite ? m[j] : 0.0f);
+    const float scale = ue8m0_to_float(finite ? static_cast<uint8_t>(s + 127) : kUe8m0Nan);
+    p.h[static_cast<int64_t>(tc.seg_begin + col[j]) * p.h_stride + i0 + idx[j]] =
+        float_to_bf16(QuantizeE4m3Units(a[j], s) * scale);
+  }
+}
+
+// Four independent items per pass (eight measured no faster: perf-log v6.2); items are warp-uniform,
+// so the validity branches do not diverge.
+inline constexpr int kEpilogueIlp = 4;
+
 // Step 2 for one activation kind (a compile-time constant: the loop holds only its code).
 template <ActivationType kAct, int kBlockN>
 __device__ __forceinline__ void RequantizeStaged(const GemmParams& p, const TileCoords& tc, int groups,
@@ -93,11 +123,9 @@ __device__ __forceinline__ void RequantizeStaged(const GemmParams& p, const Tile
   const int items = tc.n_valid * blocks;
   const int64_t i0 = tc.group0 * 8;  // the block's first intermediate index
   const int64_t bias0 = static_cast<int64_t>(tc.expert) * (p.a_shape.rows / 2) + i0;
-  // Four independent items per pass (eight measured no faster: perf-log v6.2); items are
-  // warp-uniform, so the validity branches do not diverge.
-  constexpr int kIlp = 4;
+  constexpr int kIlp = kEpilogueIlp;
   for (int base = warp_id * kIlp; base < items; base += warps * kIlp) {
-    float a[kIlp], m[kIlp];
+    float a[kIlp];
     int col[kIlp], idx[kIlp];
 #pragma unroll
     for (int j = 0; j < kIlp; ++j) {
@@ -109,21 +137,66 @@ __device__ __forceinline__ void RequantizeStaged(const GemmParams& p, const Tile
       if (ep.has_gate_bias) gv += p.gate_bias[bias0 + idx[j]];  // (adding 0 would turn -0 into +0)
       if (ep.has_up_bias) uv += p.up_bias[bias0 + idx[j]];
       a[j] = apply_activation(kAct, gv, uv, ep.act);
-      m[j] = AmaxTerm(a[j]);
     }
+    StoreMxfp8Items<kIlp>(p, tc, i0, base, items, a, col, idx);
+  }
+}
+
+// The persistent FC1 kernel's split of the same work (moe_wgmma.cuh): the consumers apply the
+// activation to their accumulators and stage one fp32 plane of activations [kBlockN][kStagedStride]
+// (ActivateToStaged), and separate warps re-quantize it (QuantizeStagedActs) while the consumers
+// go on with the next tile. Each thread holds gate and up of the same intermediate indices (rows
+// g and g + 8 of a row group), so the activation needs no exchange; the plane is written like
+// StageFc1's (no bank conflicts). Columns past the tile's valid ones get harmless values nobody
+// reads. Inactive (padding) warps must not call it.
+template <ActivationType kAct, int kMFrags, int kNTiles, int kWGs>
+__device__ __forceinline__ void ActivateToStaged(const GemmParams& p, const TileCoords& tc,
+                                                 const float (&acc)[kMFrags][kNTiles][4], int warp, int wg,
+                                                 int lane, float* staged) {
+  const ExpertParams ep = p.experts[tc.expert];
+  const int g = lane >> 2, c = lane & 3;
+  const int64_t bias0 = static_cast<int64_t>(tc.expert) * (p.a_shape.rows / 2) + tc.group0 * 8;
 #pragma unroll
-    for (int off = 1; off < 32; off <<= 1)
+  for (int f = 0; f < kMFrags; ++f) {
+    const int i = FragRowGroup<kMFrags, kWGs>(warp, wg, f) * 8 + g;
+    const float gate_bias = ep.has_gate_bias ? p.gate_bias[bias0 + i] : 0.0f;
+    const float up_bias = ep.has_up_bias ? p.up_bias[bias0 + i] : 0.0f;
 #pragma unroll
-      for (int j = 0; j < kIlp; ++j) m[j] = fmaxf(m[j], __shfl_xor_sync(0xFFFFFFFFu, m[j], off));
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        float gv = acc[f][nt][q] * ep.fc1_scale;  // a power of two: exact
+        float uv = acc[f][nt][2 + q] * ep.fc1_scale;
+        if (ep.has_gate_bias) gv += gate_bias;  // (adding 0 would turn -0 into +0)
+        if (ep.has_up_bias) uv += up_bias;
+        staged[(nt * 8 + 2 * c + q) * kStagedStride + i] = apply_activation(kAct, gv, uv, ep.act);
+      }
+  }
+}
+
+template <int kBlockN>
+inline constexpr int kActStagedBytes = kBlockN * kStagedStride * 4;
+
+// Re-quantizes the activations ActivateToStaged wrote for the tile's valid columns, by `warps`
+// warps with ids 0 .. warps - 1.
+template <int kBlockN>
+__device__ __forceinline__ void QuantizeStagedActs(const GemmParams& p, const TileCoords& tc, int groups,
+                                                   const float* staged, int warp_id, int warps, int lane) {
+  const int blocks = groups / kWarpRowGroups;
+  const int items = tc.n_valid * blocks;
+  const int64_t i0 = tc.group0 * 8;
+  constexpr int kIlp = kEpilogueIlp;
+  for (int base = warp_id * kIlp; base < items; base += warps * kIlp) {
+    float a[kIlp];
+    int col[kIlp], idx[kIlp];
 #pragma unroll
     for (int j = 0; j < kIlp; ++j) {
-      if (base + j >= items) break;
-      const bool finite = m[j] <= FLT_MAX;
-      const int s = mxfp8_scale_exponent(finite ? m[j] : 0.0f);
-      const float scale = ue8m0_to_float(finite ? static_cast<uint8_t>(s + 127) : kUe8m0Nan);
-      p.h[static_cast<int64_t>(tc.seg_begin + col[j]) * p.h_stride + i0 + idx[j]] =
-          float_to_bf16(QuantizeE4m3Units(a[j], s) * scale);
+      const int item = base + j < items ? base + j : items - 1;
+      col[j] = item / blocks;
+      idx[j] = (item - col[j] * blocks) * 32 + lane;
+      a[j] = staged[col[j] * kStagedStride + idx[j]];
     }
+    StoreMxfp8Items<kIlp>(p, tc, i0, base, items, a, col, idx);
   }
 }
 

@@ -2,6 +2,10 @@
 // moe_wgmma.cuh).
 #include "cuda/moe_kernels.h"
 
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
 namespace mxmoe::cuda {
 
 namespace sm90 {
@@ -36,6 +40,25 @@ cudaError_t PrepareGemmKernels() {
   if (e == cudaSuccess) e = sm90::PrepareGemmWg128();
   return e;
 }
+
+namespace {
+std::atomic<int> persistent_cta_limit{0};
+std::atomic<bool>& PersistentFc1() {
+  static std::atomic<bool> on{[] {
+    const char* v = std::getenv("MXMOE_FC1_PERSISTENT");
+    if (v != nullptr && std::strcmp(v, "1") == 0) return true;
+    if (v != nullptr && std::strcmp(v, "0") == 0) return false;
+    return kPersistentFc1Default;
+  }()};
+  return on;
+}
+}  // namespace
+
+void SetPersistentFc1(bool on) { PersistentFc1().store(on, std::memory_order_relaxed); }
+bool PersistentFc1Enabled() { return PersistentFc1().load(std::memory_order_relaxed); }
+
+void LimitPersistentCtas(int ctas) { persistent_cta_limit.store(ctas > 0 ? ctas : 0, std::memory_order_relaxed); }
+int PersistentCtaLimit() { return persistent_cta_limit.load(std::memory_order_relaxed); }
 
 cudaError_t LaunchGemm(GemmConfigId id, bool fc1, const GemmParams& p, int64_t grid_ctas,
                        cudaStream_t stream) {

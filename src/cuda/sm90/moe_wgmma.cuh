@@ -33,6 +33,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/launch_util.cuh"
 #include "cuda/moe_kernels.h"
@@ -63,7 +64,9 @@ struct WgmmaConfig {
   static constexpr int kSmemBars = 2 * kStages * 8;
   // Dynamic shared memory is only 16-byte aligned: 1 KB of slack to align the stages.
   static constexpr int kSmemBytes = 1024 + kStages * kSmemStage + kSmemBars;
-  // NOTE: 65536 registers per SM: 128 x 40 + 256 x 232 = 64512.
+  // NOTE: setmaxnreg moves registers between the warpgroups of the CTA, which got kLaunchRegs per
+  // thread at launch (65536 / 384, in steps of 8): 128 x 40 + 256 x 232 = 384 x 168 = 64512.
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
 
@@ -71,7 +74,7 @@ struct WgmmaConfig {
   static_assert(kStages >= 2 && kStages <= 8, "stages");
   static_assert(kSmemBytes <= 227 * 1024, "SM90 shared memory per block");
   static_assert(kFc1StagedBytes<kBlockN> <= kStages * kSmemStage, "FC1's epilogue reuses the stages");
-  static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= 65536, "register file");
+  static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= kLaunchRegs * kThreads, "setmaxnreg");
 };
 
 // ---- device pieces ----------------------------------------------------------------------------
@@ -143,14 +146,14 @@ struct StageMap {
 struct ConsumerArgs {
   int k_tiles, warp, wg, lane;
   bool active;
-  float* staged;  // FC1: the staging planes (the stages' memory)
+  int step0;  // the pipeline step of the tile's first reduction step (stage step0 % kStages)
 };
 
-// A consumer warpgroup's whole tile at MMA width kN: the main loop, then the epilogue (FC1: its
-// first half, StageFc1; the caller runs the rest).
-template <class Cfg, bool kFc1, int kN>
-__device__ __forceinline__ void ConsumeTile(const GemmParams& p, const TileCoords& tc, const StageMap<Cfg>& sm,
-                                            const ConsumerArgs& c) {
+// A consumer warpgroup's main loop over a tile at MMA width kN, then tail(acc) with the finished
+// accumulators. Every stage it read is handed back to the producer, the last one too (a persistent
+// CTA's next tile reuses it).
+template <class Cfg, int kN, class Tail>
+__device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const ConsumerArgs& c, const Tail& tail) {
   constexpr int kMFrags = Cfg::kMFrags, kNTiles = kN / 8;
   float acc[kMFrags][kNTiles][4];
 #pragma unroll
@@ -163,8 +166,9 @@ __device__ __forceinline__ void ConsumeTile(const GemmParams& p, const TileCoord
 
   const int g = c.lane >> 2;
   for (int kt = 0; kt < c.k_tiles; ++kt) {
-    const int s = kt % Cfg::kStages;
-    wgmma::MbarWait(sm.Full(s), (kt / Cfg::kStages) & 1);
+    const int step = c.step0 + kt;
+    const int s = step % Cfg::kStages;
+    wgmma::MbarWait(sm.Full(s), (step / Cfg::kStages) & 1);
     uint4 frag_a[kMFrags];
     uint32_t frag_s[kMFrags];
 #pragma unroll
@@ -182,31 +186,71 @@ __device__ __forceinline__ void ConsumeTile(const GemmParams& p, const TileCoord
     IssueStep<kMFrags, kNTiles, 2>(frag_a, frag_s, areg, desc_b, acc);
     IssueStep<kMFrags, kNTiles, 3>(frag_a, frag_s, areg, desc_b, acc);
     // Every MMA of step kt - 1 has completed: its stage is free.
-    if (kt > 0 && c.lane == 0) wgmma::MbarArrive(sm.Empty((kt - 1) % Cfg::kStages));
+    if (kt > 0 && c.lane == 0) wgmma::MbarArrive(sm.Empty((step - 1) % Cfg::kStages));
   }
   wgmma::Wait<0>();
 #pragma unroll
   for (int f = 0; f < kMFrags; ++f) wgmma::FenceOperand(acc[f]);
-
-  if constexpr (kFc1) {
-    // The stages become the staging planes once both consumers' MMAs are done with them (every
-    // load has landed: the consumers waited for all of them).
-    ptx::NamedBarrierSync(kEpilogueBarrier, Cfg::kConsumers * 128);
-    if (c.active) StageFc1<kMFrags, kNTiles, Cfg::kConsumers, Cfg::kBlockN>(acc, c.warp, c.wg, c.lane, c.staged);
-  } else {
-    if (c.active) Fc2Epilogue<kMFrags, kNTiles, Cfg::kConsumers>(p, acc, tc, c.warp, c.wg, c.lane);
-  }
+  if (c.k_tiles > 0 && c.lane == 0) wgmma::MbarArrive(sm.Empty((c.step0 + c.k_tiles - 1) % Cfg::kStages));
+  tail(acc);
 }
 
 // ConsumeTile at the tile's width (uniform over the CTA), one instantiation per width.
-template <class Cfg, bool kFc1, int kN = 8>
-__device__ __forceinline__ void ConsumeTileOfWidth(int width, const GemmParams& p, const TileCoords& tc,
-                                                   const StageMap<Cfg>& sm, const ConsumerArgs& c) {
+template <class Cfg, int kN = 8, class Tail>
+__device__ __forceinline__ void ConsumeTileOfWidth(int width, const StageMap<Cfg>& sm, const ConsumerArgs& c,
+                                                   const Tail& tail) {
   if constexpr (kN >= Cfg::kBlockN) {
-    ConsumeTile<Cfg, kFc1, Cfg::kBlockN>(p, tc, sm, c);
+    ConsumeTile<Cfg, Cfg::kBlockN>(sm, c, tail);
   } else {
-    if (width <= kN) ConsumeTile<Cfg, kFc1, kN>(p, tc, sm, c);
-    else ConsumeTileOfWidth<Cfg, kFc1, NextWidth(kN)>(width, p, tc, sm, c);
+    if (width <= kN) ConsumeTile<Cfg, kN>(sm, c, tail);
+    else ConsumeTileOfWidth<Cfg, NextWidth(kN)>(width, sm, c, tail);
+  }
+}
+
+// The MMA width of an accumulator array float[kMFrags][kNTiles][4], as a constant (for the tails).
+template <class Acc>
+inline constexpr int kAccTiles = std::extent_v<std::remove_reference_t<Acc>, 1>;
+
+// The producer's copies of one tile (one thread of warp 0 issues them; the whole warp waits): for
+// each reduction step, into the next free stage, the block's A tiles and scales (two 1D bulk
+// copies) and the tile's token rows through the tensor maps. Steps are numbered from step0 as in
+// ConsumerArgs.
+template <class Cfg>
+__device__ __forceinline__ void ProduceTile(const GemmParams& p, const TileCoords& tc, const StageMap<Cfg>& sm,
+                                            const CUtensorMap* map_wide, const CUtensorMap* map_narrow, int groups,
+                                            int width, int k_tiles, int step0, int lane) {
+  const PackedShape& shape = p.a_shape;
+  const int64_t first_tile = static_cast<int64_t>(tc.expert) * shape.Tiles() + shape.TileIndex(tc.group0, 0);
+  const uint8_t* gmem_a = p.a_tiles + first_tile * kTileBytes;
+  const uint8_t* gmem_s = p.a_scales + first_tile * kTileScaleBytes;
+  const uint32_t a_bytes = groups * kTileBytes, s_bytes = groups * kTileScaleBytes;
+  // A box counts all its bytes, rows past the tensor (zero-filled) included.
+  const bool narrow = width <= kNarrowLoadWidth;
+  const uint32_t b_bytes = (narrow ? width : Cfg::kBlockN) * 128u;
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    const int step = step0 + kt;
+    const int s = step % Cfg::kStages;
+    if (step >= Cfg::kStages) wgmma::MbarWait(sm.Empty(s), ((step / Cfg::kStages) - 1) & 1);
+    if (lane == 0) {
+      wgmma::MbarArriveExpectTx(sm.Full(s), a_bytes + s_bytes + b_bytes);
+      wgmma::BulkLoad(sm.A(s), gmem_a + static_cast<int64_t>(kt) * a_bytes, a_bytes, sm.Full(s));
+      wgmma::BulkLoad(sm.Scales(s), gmem_s + static_cast<int64_t>(kt) * s_bytes, s_bytes, sm.Full(s));
+      if (narrow) {
+        for (int r = 0; r < width; r += 8)
+          wgmma::TensorLoad2d(sm.B(s) + r * 128, map_narrow, kt * kTileCols, tc.seg_begin + r, sm.Full(s));
+      } else {
+        wgmma::TensorLoad2d(sm.B(s), map_wide, kt * kTileCols, tc.seg_begin, sm.Full(s));
+      }
+    }
+  }
+}
+
+// Initializes the stages' mbarriers (thread 0; the caller's next barrier publishes them).
+template <class Cfg>
+__device__ __forceinline__ void InitStageBarriers(const StageMap<Cfg>& sm) {
+  for (int s = 0; s < Cfg::kStages; ++s) {
+    wgmma::MbarInit(sm.Full(s), 1);                     // the producer's arrival + bytes
+    wgmma::MbarInit(sm.Empty(s), Cfg::kConsumers * 4);  // one arrival per consumer warp
   }
 }
 
@@ -220,51 +264,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #if MXMOE_WGMMA_AVAILABLE
   extern __shared__ uint8_t smem_raw[];
   const StageMap<Cfg> sm{(ptx::SmemAddr(smem_raw) + 1023u) & ~1023u};
-  uint8_t* smem_generic = smem_raw + (sm.base - ptx::SmemAddr(smem_raw));
+  float* staged = reinterpret_cast<float*>(smem_raw + (sm.base - ptx::SmemAddr(smem_raw)));
 
   const int tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 3, role = tid >> 7;
   if (tid == 0) {
-    for (int s = 0; s < Cfg::kStages; ++s) {
-      wgmma::MbarInit(sm.Full(s), 1);                         // the producer's arrival + bytes
-      wgmma::MbarInit(sm.Empty(s), Cfg::kConsumers * 4);      // one arrival per consumer warp
-    }
+    InitStageBarriers(sm);
     wgmma::FenceMbarInit();
   }
   ptx::EnterPipelineKernel();
   TileCoords tc;
   // B rows are the tile's sorted positions for both GEMMs: no per-column row table.
   if (!ReadTile<Cfg::kBlockN, kFc1>(p, tid, Cfg::kThreads, nullptr, &tc)) return;  // (a barrier)
-  const PackedShape& shape = p.a_shape;
-  const int k_tiles = static_cast<int>(shape.col_tiles);
-  const int groups = static_cast<int>(shape.GroupsInBlock(tc.group0 / kBlockRowGroups));
+  const int k_tiles = static_cast<int>(p.a_shape.col_tiles);
+  const int groups = static_cast<int>(p.a_shape.GroupsInBlock(tc.group0 / kBlockRowGroups));
   const int width = TileWidth<Cfg::kBlockN>(tc.n_valid);
 
   if (role == 0) {
     // ---- producer ----
     wgmma::RegDealloc<Cfg::kProducerRegs>();
-    if (warp != 0) return;
-    const int64_t first_tile = static_cast<int64_t>(tc.expert) * shape.Tiles() + shape.TileIndex(tc.group0, 0);
-    const uint8_t* gmem_a = p.a_tiles + first_tile * kTileBytes;
-    const uint8_t* gmem_s = p.a_scales + first_tile * kTileScaleBytes;
-    const uint32_t a_bytes = groups * kTileBytes, s_bytes = groups * kTileScaleBytes;
-    // A box counts all its bytes, rows past the tensor (zero-filled) included.
-    const bool narrow = width <= kNarrowLoadWidth;
-    const uint32_t b_bytes = (narrow ? width : Cfg::kBlockN) * 128u;
-    for (int kt = 0; kt < k_tiles; ++kt) {
-      const int s = kt % Cfg::kStages;
-      if (kt >= Cfg::kStages) wgmma::MbarWait(sm.Empty(s), ((kt / Cfg::kStages) - 1) & 1);
-      if (lane == 0) {
-        wgmma::MbarArriveExpectTx(sm.Full(s), a_bytes + s_bytes + b_bytes);
-        wgmma::BulkLoad(sm.A(s), gmem_a + static_cast<int64_t>(kt) * a_bytes, a_bytes, sm.Full(s));
-        wgmma::BulkLoad(sm.Scales(s), gmem_s + static_cast<int64_t>(kt) * s_bytes, s_bytes, sm.Full(s));
-        if (narrow) {
-          for (int r = 0; r < width; r += 8)
-            wgmma::TensorLoad2d(sm.B(s) + r * 128, &map_narrow, kt * kTileCols, tc.seg_begin + r, sm.Full(s));
-        } else {
-          wgmma::TensorLoad2d(sm.B(s), &map_wide, kt * kTileCols, tc.seg_begin, sm.Full(s));
-        }
-      }
-    }
+    if (warp == 0) ProduceTile(p, tc, sm, &map_wide, &map_narrow, groups, width, k_tiles, 0, lane);
     return;
   }
 
@@ -274,17 +292,105 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // Rows are padded to 64, so a warp's row groups (4 consecutive with the other consumer's) are
   // all real or all padding. Padding warps still take part in the warpgroup's MMAs (they are
   // collective), on zeros.
-  ConsumerArgs c;
-  c.k_tiles = k_tiles;
-  c.warp = warp;
-  c.wg = wg;
-  c.lane = lane;
-  c.active = FragRowGroup<Cfg::kMFrags, Cfg::kConsumers>(warp, wg, 0) < groups;
-  c.staged = reinterpret_cast<float*>(smem_generic);
-  ConsumeTileOfWidth<Cfg, kFc1>(width, p, tc, sm, c);
+  const ConsumerArgs c{k_tiles, warp, wg, lane, FragRowGroup<Cfg::kMFrags, Cfg::kConsumers>(warp, wg, 0) < groups, 0};
+  ConsumeTileOfWidth<Cfg>(width, sm, c, [&](const auto& acc) {
+    constexpr int kNTiles = kAccTiles<decltype(acc)>;
+    if constexpr (kFc1) {
+      // The stages become the staging planes once both consumers' MMAs are done with them (every
+      // load has landed: the consumers waited for all of them).
+      ptx::NamedBarrierSync(kEpilogueBarrier, Cfg::kConsumers * 128);
+      if (c.active) StageFc1<Cfg::kMFrags, kNTiles, Cfg::kConsumers, Cfg::kBlockN>(acc, warp, wg, lane, staged);
+    } else {
+      if (c.active) Fc2Epilogue<Cfg::kMFrags, kNTiles, Cfg::kConsumers>(p, acc, tc, warp, wg, lane);
+    }
+  });
   if constexpr (kFc1) {
     ptx::NamedBarrierSync(kEpilogueBarrier, Cfg::kConsumers * 128);
-    Fc1Epilogue<Cfg::kBlockN>(p, tc, groups, c.staged, wg * 4 + warp, Cfg::kConsumers * 4, lane);
+    Fc1Epilogue<Cfg::kBlockN>(p, tc, groups, staged, wg * 4 + warp, Cfg::kConsumers * 4, lane);
+  }
+#else
+  __trap();  // built for sm_90a only; cuda_moe.cu refuses other devices before launching
+#endif
+}
+
+// ---- the persistent FC1 kernel ----------------------------------------------------------------
+// FC1 with its epilogue off the consumers' path (perf-log v7). In the kernel above the tensor
+// cores idle while the CTA's warps re-quantize its tile; here a CTA per SM walks the work items
+// blockIdx.x, + gridDim.x, ... (TileOf) and
+//   warp 0 (producer) streams every item's steps through one ring of stages;
+//   the consumers run each item's main loop, apply the activation in registers, write one fp32
+//     plane of activations (ActivateToStaged) once the plane is free, and go on with the next item;
+//   warps 1-3 (the rest of the producer's warpgroup, otherwise idle) re-quantize the plane into h
+//     (QuantizeStagedActs) meanwhile.
+// The plane has its own shared memory beside the stages, handed over with two mbarriers: "staged"
+// (all 256 consumer threads arrive) and "free" (all 96 epilogue threads arrive).
+template <class Cfg>
+struct PersistentFc1Layout {
+  static constexpr int kEpilogueWarps = 3;
+  static constexpr int kPlaneOffset = Cfg::kStages * Cfg::kSmemStage + 1024;  // after the barriers
+  static constexpr int kSmemBytes = 1024 + kPlaneOffset + kActStagedBytes<Cfg::kBlockN>;
+  // No setmaxnreg: every warp keeps the 168 registers of the launch. ptxas compiles the consumers
+  // within those anyway, and a 56 / 224 split (exactly what the producer's warpgroup would release)
+  // hung the kernel on the H200 with no mbarrier wait left waiting (perf-log v7).
+  static_assert(2 * Cfg::kStages * 8 + 16 <= 1024, "stage and plane barriers before the plane");
+  static_assert(kSmemBytes <= 227 * 1024, "SM90 shared memory per block");
+};
+
+template <class Cfg, ActivationType kAct>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    MoeWgmmaFc1PersistentKernel(const __grid_constant__ GemmParams p, const __grid_constant__ CUtensorMap map_wide,
+                                const __grid_constant__ CUtensorMap map_narrow) {
+#if MXMOE_WGMMA_AVAILABLE
+  using Layout = PersistentFc1Layout<Cfg>;
+  extern __shared__ uint8_t smem_raw[];
+  const StageMap<Cfg> sm{(ptx::SmemAddr(smem_raw) + 1023u) & ~1023u};
+  const uint32_t bar_staged = sm.Full(2 * Cfg::kStages), bar_free = bar_staged + 8;
+  float* plane = reinterpret_cast<float*>(smem_raw + (sm.base - ptx::SmemAddr(smem_raw)) + Layout::kPlaneOffset);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 3, role = tid >> 7;
+  if (tid == 0) {
+    InitStageBarriers(sm);
+    wgmma::MbarInit(bar_staged, Cfg::kConsumers * 128);
+    wgmma::MbarInit(bar_free, Layout::kEpilogueWarps * 32);
+    wgmma::FenceMbarInit();
+  }
+  __syncthreads();
+  ptx::EnterPipelineKernel();
+  const int64_t items = static_cast<int64_t>(*p.num_tiles) * p.m_tiles;
+  const int k_tiles = static_cast<int>(p.a_shape.col_tiles);
+  auto groups_of = [&](const TileCoords& tc) {
+    return static_cast<int>(p.a_shape.GroupsInBlock(tc.group0 / kBlockRowGroups));
+  };
+
+  if (role == 0) {
+    int n = 0;
+    for (int64_t item = blockIdx.x; item < items; item += gridDim.x, ++n) {
+      const TileCoords tc = TileOf<Cfg::kBlockN>(p, item);
+      if (warp == 0) {
+        ProduceTile(p, tc, sm, &map_wide, &map_narrow, groups_of(tc), TileWidth<Cfg::kBlockN>(tc.n_valid), k_tiles,
+                    n * k_tiles, lane);
+      } else {
+        wgmma::MbarWait(bar_staged, n & 1);
+        QuantizeStagedActs<Cfg::kBlockN>(p, tc, groups_of(tc), plane, warp - 1, Layout::kEpilogueWarps, lane);
+        wgmma::MbarArrive(bar_free);
+      }
+    }
+    return;
+  }
+
+  const int wg = role - 1;
+  int n = 0;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x, ++n) {
+    const TileCoords tc = TileOf<Cfg::kBlockN>(p, item);
+    const int groups = groups_of(tc);
+    const ConsumerArgs c{k_tiles, warp, wg, lane, FragRowGroup<Cfg::kMFrags, Cfg::kConsumers>(warp, wg, 0) < groups,
+                         n * k_tiles};
+    ConsumeTileOfWidth<Cfg>(TileWidth<Cfg::kBlockN>(tc.n_valid), sm, c, [&](const auto& acc) {
+      constexpr int kNTiles = kAccTiles<decltype(acc)>;
+      if (n > 0) wgmma::MbarWait(bar_free, (n - 1) & 1);  // the previous item's plane is re-quantized
+      if (c.active) ActivateToStaged<kAct, Cfg::kMFrags, kNTiles, Cfg::kConsumers>(p, tc, acc, warp, wg, lane, plane);
+      wgmma::MbarArrive(bar_staged);
+    });
   }
 #else
   __trap();  // built for sm_90a only; cuda_moe.cu refuses other devices before launching
@@ -292,9 +398,35 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 }
 
 // ---- launch -----------------------------------------------------------------------------------
+// The persistent FC1 kernel for activation kind `act` (null for the kinds the kernels refuse).
+template <class Cfg>
+auto PersistentFc1KernelOf(ActivationType act) -> decltype(&MoeWgmmaFc1PersistentKernel<Cfg, ActivationType::Situ>) {
+  switch (act) {
+    case ActivationType::Situ: return MoeWgmmaFc1PersistentKernel<Cfg, ActivationType::Situ>;
+    case ActivationType::Swiglu: return MoeWgmmaFc1PersistentKernel<Cfg, ActivationType::Swiglu>;
+    case ActivationType::SwigluBias: return MoeWgmmaFc1PersistentKernel<Cfg, ActivationType::SwigluBias>;
+    case ActivationType::Geglu: return MoeWgmmaFc1PersistentKernel<Cfg, ActivationType::Geglu>;
+    case ActivationType::GegluTanh: return MoeWgmmaFc1PersistentKernel<Cfg, ActivationType::GegluTanh>;
+    default: return nullptr;
+  }
+}
+
+// Whether FC1 of config Cfg runs the persistent kernel: the 128-wide config, when it is on
+// (SetPersistentFc1, MXMOE_FC1_PERSISTENT).
+template <class Cfg>
+bool UsePersistentFc1() {
+  return Cfg::kBlockN == 128 && PersistentFc1Enabled();
+}
+
 template <class Cfg>
 cudaError_t PrepareWgmmaConfig() {
-  return AllowDynamicSmem(MoeWgmmaKernel<Cfg, true>, MoeWgmmaKernel<Cfg, false>, Cfg::kSmemBytes);
+  cudaError_t e = AllowDynamicSmem(MoeWgmmaKernel<Cfg, true>, MoeWgmmaKernel<Cfg, false>, Cfg::kSmemBytes);
+  if (Cfg::kBlockN != 128) return e;  // (prepared whether on or not: it may be turned on later)
+  for (const ActivationType act : {ActivationType::Situ, ActivationType::Swiglu, ActivationType::SwigluBias,
+                                   ActivationType::Geglu, ActivationType::GegluTanh})
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(PersistentFc1KernelOf<Cfg>(act), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 PersistentFc1Layout<Cfg>::kSmemBytes);
+  return e;
 }
 
 template <class Cfg>
@@ -308,6 +440,20 @@ cudaError_t LaunchWgmmaConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, 
   cudaError_t e = MakeBf16RowMap(&wide, p.b, p.a_shape.cols, rows, p.b_stride, Cfg::kBlockN);
   if (e == cudaSuccess) e = MakeBf16RowMap(&narrow, p.b, p.a_shape.cols, rows, p.b_stride, 8);
   if (e != cudaSuccess) return e;
+  if (fc1 && UsePersistentFc1<Cfg>()) {
+    const auto kernel = PersistentFc1KernelOf<Cfg>(p.act);
+    if (kernel == nullptr) return cudaErrorInvalidValue;  // refused by CheckActivationSupported before
+    // One CTA per SM (fewer when there are fewer items, or under LimitPersistentCtas).
+    int device = 0, sms = 0;
+    if (e = cudaGetDevice(&device); e == cudaSuccess)
+      e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (e != cudaSuccess) return e;
+    const int limit = PersistentCtaLimit();
+    if (limit > 0 && limit < sms) sms = limit;
+    grid.x = static_cast<unsigned>(grid_ctas < sms ? grid_ctas : sms);
+    return LaunchKernel(kernel, grid, dim3(Cfg::kThreads), PersistentFc1Layout<Cfg>::kSmemBytes, stream, p, wide,
+                        narrow);
+  }
   return LaunchKernel(fc1 ? MoeWgmmaKernel<Cfg, true> : MoeWgmmaKernel<Cfg, false>, grid, dim3(Cfg::kThreads),
                       Cfg::kSmemBytes, stream, p, wide, narrow);
 }

@@ -15,22 +15,30 @@
 
 namespace mxmoe::cuda::sm90 {
 
-// The CTA's tile: blockIdx.x = tile_idx * m_tiles + m_tile, so consecutive CTAs share one token
-// tile (its B rows stay in L2) and walk the expert's row blocks. Unless smem_rows is null, fills
-// smem_rows[n] with the B source row of tile column n (-1 past the segment). Returns false for
-// CTAs past the real tile count (the grid is sized for the worst case before the routing is
-// known). Ends with a barrier.
+// Work item `item` of a GEMM: item = tile_idx * m_tiles + m_tile, so consecutive items share one
+// token tile (its B rows stay in L2) and walk the expert's row blocks. The caller has checked
+// tile_idx < *p.num_tiles.
+template <int kBlockN>
+__device__ __forceinline__ TileCoords TileOf(const GemmParams& p, int64_t item) {
+  const int m_tile = static_cast<int>(item % p.m_tiles);
+  const int tile_idx = static_cast<int>(item / p.m_tiles);
+  const int2 tile = p.tiles[tile_idx];
+  TileCoords tc;
+  tc.expert = tile.x;
+  tc.seg_begin = p.expert_offsets[tile.x] + tile.y;
+  tc.n_valid = min(kBlockN, p.expert_offsets[tile.x + 1] - tc.seg_begin);
+  tc.group0 = static_cast<int64_t>(m_tile) * kBlockRowGroups;
+  return tc;
+}
+
+// The CTA's tile, item blockIdx.x (TileOf). Unless smem_rows is null, fills smem_rows[n] with the
+// B source row of tile column n (-1 past the segment). Returns false for CTAs past the real tile
+// count (the grid is sized for the worst case before the routing is known). Ends with a barrier.
 template <int kBlockN, bool kFc1>
 __device__ __forceinline__ bool ReadTile(const GemmParams& p, int tid, int threads, int32_t* smem_rows,
                                          TileCoords* tc) {
-  const int m_tile = static_cast<int>(blockIdx.x % static_cast<uint32_t>(p.m_tiles));
-  const int tile_idx = static_cast<int>(blockIdx.x / static_cast<uint32_t>(p.m_tiles));
-  if (tile_idx >= *p.num_tiles) return false;
-  const int2 tile = p.tiles[tile_idx];
-  tc->expert = tile.x;
-  tc->seg_begin = p.expert_offsets[tile.x] + tile.y;
-  tc->n_valid = min(kBlockN, p.expert_offsets[tile.x + 1] - tc->seg_begin);
-  tc->group0 = static_cast<int64_t>(m_tile) * kBlockRowGroups;
+  if (static_cast<int64_t>(blockIdx.x / static_cast<uint32_t>(p.m_tiles)) >= *p.num_tiles) return false;
+  *tc = TileOf<kBlockN>(p, blockIdx.x);
   for (int n = tid; smem_rows != nullptr && n < kBlockN; n += threads) {
     int row = -1;
     if (n < tc->n_valid) row = kFc1 ? p.sorted_pairs[tc->seg_begin + n] / p.top_k : tc->seg_begin + n;

@@ -80,9 +80,28 @@ __device__ __forceinline__ void MbarArrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 #endif
 }
-// Waits until the phase of parity `parity` has completed.
+// Waits until the phase of parity `parity` has completed. Built with -DMXMOE_DEBUG_MBAR_TIMEOUT, a
+// wait that lasts ~2^32 cycles (seconds) prints the barrier and traps, instead of hanging the device.
 __device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
-#if MXMOE_WGMMA_AVAILABLE
+#if MXMOE_WGMMA_AVAILABLE && defined(MXMOE_DEBUG_MBAR_TIMEOUT)
+  const long long start = clock64();
+  for (;;) {
+    uint32_t done;
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    if (done) return;
+    if (clock64() - start > (1ll << 32)) {
+      printf("mxmoe: mbarrier wait timed out: smem 0x%x parity %u, block %d thread %d\n", bar, parity,
+             static_cast<int>(blockIdx.x), static_cast<int>(threadIdx.x));
+      __trap();
+    }
+  }
+#elif MXMOE_WGMMA_AVAILABLE
   asm volatile(
       "{\n.reg .pred done;\n"
       "MXMOE_WAIT_%=:\n"
