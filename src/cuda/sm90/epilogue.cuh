@@ -83,35 +83,47 @@ __device__ __forceinline__ void StageFc1(const float (&acc)[kMFrags][kNTiles][4]
   }
 }
 
-// The MXFP8 re-quantization of kIlp warp-uniform items (token column col[j], intermediate index
-// idx[j] = 32 b + lane of MX block b) whose activations a[j] the lanes hold: the block's amax over
-// the warp, its scale, and the dequantized value stored as bf16 into h[sorted position, i]. Items
-// base + j >= items are placeholders (any valid item's values) and store nothing.
-template <int kIlp>
-__device__ __forceinline__ void StoreMxfp8Items(const GemmParams& p, const TileCoords& tc, int64_t i0, int base,
-                                                int items, const float (&a)[kIlp], const int (&col)[kIlp],
-                                                const int (&idx)[kIlp]) {
-  float m[kIlp];
-#pragma unroll
-  for (int j = 0; j < kIlp; ++j) m[j] = AmaxTerm(a[j]);
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1)
-#pragma unroll
-    for (int j = 0; j < kIlp; ++j) m[j] = fmaxf(m[j], __shfl_xor_sync(0xFFFFFFFFu, m[j], off));
-#pragma unroll
-  for (int j = 0; j < kIlp; ++j) {
-    if (base + j >= items) break;
-    const bool finite = m[j] <= FLT_MAX;
-    const int s = mxfp8_scale_exponent(finite ? m[j] : 0.0f);
-    const float scale = ue8m0_to_float(finite ? static_cast<uint8_t>(s + 127) : kUe8m0Nan);
-    p.h[static_cast<int64_t>(tc.seg_begin + col[j]) * p.h_stride + i0 + idx[j]] =
-        float_to_bf16(QuantizeE4m3Units(a[j], s) * scale);
-  }
-}
-
 // Four independent items per pass (eight measured no faster: perf-log v6.2); items are warp-uniform,
 // so the validity branches do not diverge.
 inline constexpr int kEpilogueIlp = 4;
+
+// The MXFP8 re-quantization of a tile's (token column, MX block) items by `warps` warps with ids
+// 0 .. warps - 1: lane j of an item holds value(col, idx) for intermediate index idx = 32 b + j of
+// block b; the warp reduces the block's amax, and the dequantized value is stored as bf16 into
+// h[sorted position, i].
+template <class Value>
+__device__ __forceinline__ void RequantizeItems(const GemmParams& p, const TileCoords& tc, int groups, int warp_id,
+                                                int warps, int lane, const Value& value) {
+  constexpr int kIlp = kEpilogueIlp;
+  const int blocks = groups / kWarpRowGroups;  // rows are padded to 64: whole MX blocks of 32
+  const int items = tc.n_valid * blocks;
+  const int64_t i0 = tc.group0 * 8;  // the block's first intermediate index
+  for (int base = warp_id * kIlp; base < items; base += warps * kIlp) {
+    float a[kIlp], m[kIlp];
+    int col[kIlp], idx[kIlp];
+#pragma unroll
+    for (int j = 0; j < kIlp; ++j) {
+      const int item = base + j < items ? base + j : items - 1;  // placeholders store nothing
+      col[j] = item / blocks;
+      idx[j] = (item - col[j] * blocks) * 32 + lane;
+      a[j] = value(col[j], idx[j]);
+      m[j] = AmaxTerm(a[j]);
+    }
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1)
+#pragma unroll
+      for (int j = 0; j < kIlp; ++j) m[j] = fmaxf(m[j], __shfl_xor_sync(0xFFFFFFFFu, m[j], off));
+#pragma unroll
+    for (int j = 0; j < kIlp; ++j) {
+      if (base + j >= items) break;
+      const bool finite = m[j] <= FLT_MAX;
+      const int s = mxfp8_scale_exponent(finite ? m[j] : 0.0f);
+      const float scale = ue8m0_to_float(finite ? static_cast<uint8_t>(s + 127) : kUe8m0Nan);
+      p.h[static_cast<int64_t>(tc.seg_begin + col[j]) * p.h_stride + i0 + idx[j]] =
+          float_to_bf16(QuantizeE4m3Units(a[j], s) * scale);
+    }
+  }
+}
 
 // Step 2 for one activation kind (a compile-time constant: the loop holds only its code).
 template <ActivationType kAct, int kBlockN>
@@ -119,27 +131,14 @@ __device__ __forceinline__ void RequantizeStaged(const GemmParams& p, const Tile
                                                  const float* staged, int warp_id, int warps, int lane) {
   const ExpertParams ep = p.experts[tc.expert];
   const float* up = staged + kBlockN * kStagedStride;
-  const int blocks = groups / kWarpRowGroups;  // rows are padded to 64: whole MX blocks of 32
-  const int items = tc.n_valid * blocks;
-  const int64_t i0 = tc.group0 * 8;  // the block's first intermediate index
-  const int64_t bias0 = static_cast<int64_t>(tc.expert) * (p.a_shape.rows / 2) + i0;
-  constexpr int kIlp = kEpilogueIlp;
-  for (int base = warp_id * kIlp; base < items; base += warps * kIlp) {
-    float a[kIlp];
-    int col[kIlp], idx[kIlp];
-#pragma unroll
-    for (int j = 0; j < kIlp; ++j) {
-      const int item = base + j < items ? base + j : items - 1;
-      col[j] = item / blocks;
-      idx[j] = (item - col[j] * blocks) * 32 + lane;
-      float gv = staged[col[j] * kStagedStride + idx[j]] * ep.fc1_scale;  // a power of two: exact
-      float uv = up[col[j] * kStagedStride + idx[j]] * ep.fc1_scale;
-      if (ep.has_gate_bias) gv += p.gate_bias[bias0 + idx[j]];  // (adding 0 would turn -0 into +0)
-      if (ep.has_up_bias) uv += p.up_bias[bias0 + idx[j]];
-      a[j] = apply_activation(kAct, gv, uv, ep.act);
-    }
-    StoreMxfp8Items<kIlp>(p, tc, i0, base, items, a, col, idx);
-  }
+  const int64_t bias0 = static_cast<int64_t>(tc.expert) * (p.a_shape.rows / 2) + tc.group0 * 8;
+  RequantizeItems(p, tc, groups, warp_id, warps, lane, [&](int col, int idx) {
+    float gv = staged[col * kStagedStride + idx] * ep.fc1_scale;  // a power of two: exact
+    float uv = up[col * kStagedStride + idx] * ep.fc1_scale;
+    if (ep.has_gate_bias) gv += p.gate_bias[bias0 + idx];  // (adding 0 would turn -0 into +0)
+    if (ep.has_up_bias) uv += p.up_bias[bias0 + idx];
+    return apply_activation(kAct, gv, uv, ep.act);
+  });
 }
 
 // The persistent FC1 kernel's split of the same work (moe_wgmma.cuh): the consumers apply the
@@ -179,25 +178,10 @@ inline constexpr int kActStagedBytes = kBlockN * kStagedStride * 4;
 
 // Re-quantizes the activations ActivateToStaged wrote for the tile's valid columns, by `warps`
 // warps with ids 0 .. warps - 1.
-template <int kBlockN>
 __device__ __forceinline__ void QuantizeStagedActs(const GemmParams& p, const TileCoords& tc, int groups,
                                                    const float* staged, int warp_id, int warps, int lane) {
-  const int blocks = groups / kWarpRowGroups;
-  const int items = tc.n_valid * blocks;
-  const int64_t i0 = tc.group0 * 8;
-  constexpr int kIlp = kEpilogueIlp;
-  for (int base = warp_id * kIlp; base < items; base += warps * kIlp) {
-    float a[kIlp];
-    int col[kIlp], idx[kIlp];
-#pragma unroll
-    for (int j = 0; j < kIlp; ++j) {
-      const int item = base + j < items ? base + j : items - 1;
-      col[j] = item / blocks;
-      idx[j] = (item - col[j] * blocks) * 32 + lane;
-      a[j] = staged[col[j] * kStagedStride + idx[j]];
-    }
-    StoreMxfp8Items<kIlp>(p, tc, i0, base, items, a, col, idx);
-  }
+  RequantizeItems(p, tc, groups, warp_id, warps, lane,
+                  [&](int col, int idx) { return staged[col * kStagedStride + idx]; });
 }
 
 // FC1: activation of (gate, up) and MXFP8 re-quantization of the intermediate into h[sorted

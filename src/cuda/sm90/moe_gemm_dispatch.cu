@@ -3,8 +3,8 @@
 #include "cuda/moe_kernels.h"
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
+
+#include "cuda/launch_util.cuh"
 
 namespace mxmoe::cuda {
 
@@ -44,12 +44,9 @@ cudaError_t PrepareGemmKernels() {
 namespace {
 std::atomic<int> persistent_cta_limit{0};
 std::atomic<bool>& PersistentFc1() {
-  static std::atomic<bool> on{[] {
-    const char* v = std::getenv("MXMOE_FC1_PERSISTENT");
-    if (v != nullptr && std::strcmp(v, "1") == 0) return true;
-    if (v != nullptr && std::strcmp(v, "0") == 0) return false;
-    return kPersistentFc1Default;
-  }()};
+  static std::atomic<bool> on{EnvFlagIs("MXMOE_FC1_PERSISTENT", "1")   ? true
+                              : EnvFlagIs("MXMOE_FC1_PERSISTENT", "0") ? false
+                                                                      : kPersistentFc1Default};
   return on;
 }
 }  // namespace

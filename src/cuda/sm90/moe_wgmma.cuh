@@ -356,7 +356,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
   __syncthreads();
   ptx::EnterPipelineKernel();
-  const int64_t items = static_cast<int64_t>(*p.num_tiles) * p.m_tiles;
+  // (The grid's upper bound, m_tiles x max tiles, fits gridDim.x: so does the real count.)
+  const uint32_t items = static_cast<uint32_t>(*p.num_tiles) * static_cast<uint32_t>(p.m_tiles);
   const int k_tiles = static_cast<int>(p.a_shape.col_tiles);
   auto groups_of = [&](const TileCoords& tc) {
     return static_cast<int>(p.a_shape.GroupsInBlock(tc.group0 / kBlockRowGroups));
@@ -364,14 +365,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if (role == 0) {
     int n = 0;
-    for (int64_t item = blockIdx.x; item < items; item += gridDim.x, ++n) {
+    for (uint32_t item = blockIdx.x; item < items; item += gridDim.x, ++n) {
       const TileCoords tc = TileOf<Cfg::kBlockN>(p, item);
       if (warp == 0) {
         ProduceTile(p, tc, sm, &map_wide, &map_narrow, groups_of(tc), TileWidth<Cfg::kBlockN>(tc.n_valid), k_tiles,
                     n * k_tiles, lane);
       } else {
         wgmma::MbarWait(bar_staged, n & 1);
-        QuantizeStagedActs<Cfg::kBlockN>(p, tc, groups_of(tc), plane, warp - 1, Layout::kEpilogueWarps, lane);
+        QuantizeStagedActs(p, tc, groups_of(tc), plane, warp - 1, Layout::kEpilogueWarps, lane);
         wgmma::MbarArrive(bar_free);
       }
     }
@@ -380,7 +381,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   const int wg = role - 1;
   int n = 0;
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x, ++n) {
+  for (uint32_t item = blockIdx.x; item < items; item += gridDim.x, ++n) {
     const TileCoords tc = TileOf<Cfg::kBlockN>(p, item);
     const int groups = groups_of(tc);
     const ConsumerArgs c{k_tiles, warp, wg, lane, FragRowGroup<Cfg::kMFrags, Cfg::kConsumers>(warp, wg, 0) < groups,

@@ -19,9 +19,9 @@ namespace mxmoe::cuda::sm90 {
 // token tile (its B rows stay in L2) and walk the expert's row blocks. The caller has checked
 // tile_idx < *p.num_tiles.
 template <int kBlockN>
-__device__ __forceinline__ TileCoords TileOf(const GemmParams& p, int64_t item) {
-  const int m_tile = static_cast<int>(item % p.m_tiles);
-  const int tile_idx = static_cast<int>(item / p.m_tiles);
+__device__ __forceinline__ TileCoords TileOf(const GemmParams& p, uint32_t item) {
+  const int m_tile = static_cast<int>(item % static_cast<uint32_t>(p.m_tiles));
+  const int tile_idx = static_cast<int>(item / static_cast<uint32_t>(p.m_tiles));
   const int2 tile = p.tiles[tile_idx];
   TileCoords tc;
   tc.expert = tile.x;
