@@ -3,8 +3,9 @@
 # CLI (its `mxmoe bench` is the benchmark), check registers/SASS, run the GPU tests, a
 # compute-sanitizer pass on a small case, and the benchmark. Full logs go to $OUT (or
 # ./device-out); a short table is printed last.
-#   scripts/device-gpu.sh [all|build|test|sanitize|bench|profile|bench2|sm120] ...   (default: all;
-#   sm120, the SM120 path in emulation and its sm_120a SASS, only when named)
+#   scripts/device-gpu.sh [all|build|test|sanitize|bench|profile|bench2|kprofile|dprofile|sprofile|sm120] ...
+#   (default: all; sprofile, per-instruction stall samples, and sm120, the SM120 path in emulation
+#   and its sm_120a SASS, only when named)
 #   EXTRA_CUDA_FLAGS adds nvcc flags (e.g. -DMXMOE_DEBUG_MBAR_TIMEOUT); GTEST_FILTER=... narrows the suite; BENCH_ARGS="--shapes kimi-k3 --tokens 1,8" narrows the
 #   benchmark (default: the whole sweep of `make bench`, with the PyTorch peer and the report).
 set -uo pipefail
@@ -21,7 +22,8 @@ secs() { date +%s; }
 
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /' | tee -a "$SUMMARY"
 
-if want build || want test || want sanitize || want bench || want profile || want bench2 || want kprofile || want dist; then
+if want build || want test || want sanitize || want bench || want profile || want bench2 || want kprofile || want dist \
+   || [[ " $STAGES " == *" sprofile "* ]]; then
   t0=$(secs)
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMXMOE_CUDA=ON -DMXMOE_CUDA_ARCHS=90a \
     -DCMAKE_CUDA_FLAGS="-Xptxas -v ${EXTRA_CUDA_FLAGS:-}" >"$OUT/configure.log" 2>&1 || { note "configure FAILED"; tail -20 "$OUT/configure.log"; exit 1; }
@@ -135,6 +137,24 @@ if want bench2; then
     note "bench (forced $cfg): rc=$? in $(( $(secs) - t0 )) s"
     grep -E "^kimi-k3 " "$OUT/bench_$cfg.log" | sed "s/^/$cfg: /" | tee -a "$SUMMARY" >/dev/null
   done
+fi
+
+# Not part of `all`: `scripts/device-gpu.sh build sprofile`. Where the FC1 wgmma kernel's warps
+# stall, per SASS instruction (Nsight Compute's PC sampling; clocks left alone), Kimi-K3 shape with
+# 128 experts, T = 4096, the kernel the environment picks (MXMOE_FC1_PERSISTENT, MXMOE_GEMM_CONFIG,
+# default wg128): $OUT/sprofile.csv, and the instructions with the most samples
+# (scripts/sprofile_top.py, which also reads the CSV on any machine).
+if [[ " $STAGES " == *" sprofile "* ]]; then
+  t0=$(secs)
+  rep=/tmp/mxmoe_sprofile
+  MXMOE_GEMM_CONFIG=${MXMOE_GEMM_CONFIG:-wg128} timeout 200 ncu --clock-control none -k regex:MoeWgmma -c 1 \
+    --section SourceCounters --section WarpStateStats -f -o "$rep" \
+    "$BUILD/bin/mxmoe" bench --shapes kimi-k3 --routing uniform --experts 128 --tokens 4096 --repeats 1 --warmup 0 \
+    --no-graph >"$OUT/sprofile_run.log" 2>&1
+  note "sprofile run: rc=$?"
+  ncu --import "$rep.ncu-rep" --page source --csv --print-source sass >"$OUT/sprofile.csv" 2>"$OUT/sprofile_err.log"
+  note "sprofile export: rc=$? $(wc -l <"$OUT/sprofile.csv") lines in $(( $(secs) - t0 )) s"
+  python3 scripts/sprofile_top.py "$OUT/sprofile.csv" 40 | tee -a "$SUMMARY"
 fi
 
 # Not part of `all` (it builds a second tree): `scripts/device-gpu.sh sm120`. A tree for sm_90a and

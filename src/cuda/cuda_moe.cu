@@ -112,6 +112,7 @@ struct GemmCall {
   const int32_t* expert_offsets = nullptr;
   const int2* tiles = nullptr;
   const int32_t* num_tiles = nullptr;
+  int32_t* work_counter = nullptr;  // num_tiles + 1 (GemmParams::work_counter)
   int64_t max_tiles = 0;  // an upper bound of *num_tiles, known on the host
   int32_t top_k = 0;
   const float* topk_weights = nullptr;
@@ -194,6 +195,7 @@ class Sm90Path final : public KernelPath {
     g.expert_offsets = call.expert_offsets;
     g.tiles = call.tiles;
     g.num_tiles = call.num_tiles;
+    g.work_counter = call.work_counter;
     g.top_k = call.top_k;
     g.experts = call.experts;
     g.act = call.act;
@@ -419,7 +421,7 @@ class CudaMoeImpl final : public CudaMoe {
     l.offsets = a.Take(experts * 4);
     l.tile_offsets = a.Take(experts * 4);
     l.tiles = a.Take(pairs * 8);  // every tile holds >= 1 pair
-    l.num_tiles = a.Take(4);
+    l.num_tiles = a.Take(8);  // the tile count, then the persistent FC1 kernel's work counter
     l.sort_temp = a.Take(sort_temp_bytes_);
     l.total = a.Take(0);
     return l;
@@ -732,6 +734,7 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
   call.expert_offsets = offsets;
   call.tiles = tiles;
   call.num_tiles = num_tiles;
+  call.work_counter = num_tiles + 1;
   call.top_k = static_cast<int32_t>(top_k);
   call.experts = params_.As<ExpertParams>();
   call.act = layout_.activation.type;

@@ -80,7 +80,8 @@ cudaError_t SortPairs(void* temp, size_t temp_bytes, const int32_t* keys_in, int
                       const int32_t* vals_in, int32_t* vals_out, int64_t n, int key_bits,
                       cudaStream_t stream);
 // expert_offsets[e] = first sorted position with key >= e (e = 0..num_local); the tile list of
-// block_n columns per expert (tile_offsets[e] = its first tile, [num_local + 1]), and its length.
+// block_n columns per expert (tile_offsets[e] = its first tile, [num_local + 1]), and its length
+// num_tiles[0]; num_tiles[1] (GemmParams::work_counter) is set to 0.
 cudaError_t LaunchOffsetsAndTiles(const int32_t* sorted_keys, int64_t n, int32_t num_local,
                                   int32_t block_n, int32_t* expert_offsets, int32_t* tile_offsets,
                                   int2* tiles, int32_t* num_tiles, cudaStream_t stream);
@@ -98,7 +99,7 @@ struct RouteSmallParams {
   int32_t block_n = 8;
   int32_t* tile_offsets = nullptr;  // [num_local + 1]
   int2* tiles = nullptr;
-  int32_t* num_tiles = nullptr;
+  int32_t* num_tiles = nullptr;  // [2], as LaunchOffsetsAndTiles
 };
 cudaError_t LaunchRouteSmall(const RouteSmallParams& p, cudaStream_t stream);
 
@@ -130,6 +131,9 @@ struct GemmParams {
   const int32_t* expert_offsets = nullptr;  // [num_local + 1]
   const int2* tiles = nullptr;              // (local expert, first position in its segment)
   const int32_t* num_tiles = nullptr;
+  // Zeroed by the routing kernel with the tile count: the persistent FC1 kernel hands out its
+  // work items past the first gridDim.x with atomicAdd on it.
+  int32_t* work_counter = nullptr;
   int32_t m_tiles = 0;
   int32_t top_k = 0;
   const ExpertParams* experts = nullptr;

@@ -169,7 +169,10 @@ __device__ void TilesOfCta(const int32_t* offsets, int32_t num_local, int32_t bl
     }
     tiles[t] = make_int2(lo, (t - tile_offsets[lo]) * block_n);
   }
-  if (threadIdx.x == 0) *num_tiles = total_tiles;
+  if (threadIdx.x == 0) {
+    num_tiles[0] = total_tiles;
+    num_tiles[1] = 0;  // the persistent FC1 kernel's work counter (GemmParams::work_counter)
+  }
 }
 
 // The offsets by binary search in the sorted keys (visible to the whole CTA), then the tile list.

@@ -119,9 +119,9 @@ __device__ __forceinline__ void IssueStep(const uint4 (&frag_a)[kMFrags], const 
 // Kimi-K3) then spends no MMA on more than 15 padding columns.
 __host__ __device__ constexpr int NextWidth(int n) { return n < 32 ? n + 8 : n + 16; }
 
-template <int kBlockN>
+template <int kBlockN, int kMinWidth = 8>
 __device__ __forceinline__ int TileWidth(int n_valid) {
-  int w = 8;
+  int w = kMinWidth;
   while (w < n_valid && w < kBlockN) w = NextWidth(w);
   return w < kBlockN ? w : kBlockN;
 }
@@ -315,24 +315,45 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
 // ---- the persistent FC1 kernel ----------------------------------------------------------------
 // FC1 with its epilogue off the consumers' path (perf-log v7). In the kernel above the tensor
-// cores idle while the CTA's warps re-quantize its tile; here a CTA per SM walks the work items
-// blockIdx.x, + gridDim.x, ... (TileOf) and
-//   warp 0 (producer) streams every item's steps through one ring of stages;
+// cores idle while the CTA's warps re-quantize its tile; here a CTA per SM walks work items (TileOf)
+// and
+//   warp 0 (producer) takes each item and streams its steps through one ring of stages;
 //   the consumers run each item's main loop, apply the activation in registers, write one fp32
 //     plane of activations (ActivateToStaged) once the plane is free, and go on with the next item;
 //   warps 1-3 (the rest of the producer's warpgroup, otherwise idle) re-quantize the plane into h
 //     (QuantizeStagedActs) meanwhile.
 // The plane has its own shared memory beside the stages, handed over with two mbarriers: "staged"
 // (all 256 consumer threads arrive) and "free" (all 96 epilogue threads arrive).
+//
+// Items are handed out in order: blockIdx.x first, then gridDim.x + the next value of
+// p.work_counter. The items in flight then stay a window of about gridDim.x consecutive ones, as
+// with one CTA per item, and the row blocks of a tile and the tiles of an expert meet in L2. (With
+// fixed strides the CTAs drifted apart: L2 hit rate 58%, against 77% with the counter and 82% for
+// the kernel above; perf-log v7.) The
+// producer publishes item n in a ring of item ids before it fills the item's first stage, and
+// kNoItem after the last one, completing that stage's barrier with no data; the others read the
+// ring once that barrier (consumers) or "staged" (epilogue warps) says so.
 template <class Cfg>
 struct PersistentFc1Layout {
   static constexpr int kEpilogueWarps = 3;
-  static constexpr int kPlaneOffset = Cfg::kStages * Cfg::kSmemStage + 1024;  // after the barriers
+  // After the stages: their 2 kStages mbarriers, "staged", "free", then the item ring.
+  static constexpr int kRingSlots = 16;  // > kStages + 2, the most items the producer can be ahead
+  static constexpr int kRingOffset = Cfg::kStages * Cfg::kSmemStage + (2 * Cfg::kStages + 2) * 8;
+  static constexpr int kPlaneOffset = Cfg::kStages * Cfg::kSmemStage + 1024;
   static constexpr int kSmemBytes = 1024 + kPlaneOffset + kActStagedBytes<Cfg::kBlockN>;
-  // No setmaxnreg: every warp keeps the 168 registers of the launch. ptxas compiles the consumers
-  // within those anyway, and a 56 / 224 split (exactly what the producer's warpgroup would release)
-  // hung the kernel on the H200 with no mbarrier wait left waiting (perf-log v7).
-  static_assert(2 * Cfg::kStages * 8 + 16 <= 1024, "stage and plane barriers before the plane");
+  static constexpr uint32_t kNoItem = 0xFFFFFFFFu;
+  // Registers: the producer's warpgroup (which also re-quantizes) gives the consumers what it can
+  // spare of the launch's 168 per thread: 128 x 56 + 256 x 224 = 384 x 168, as the kernel above.
+  static constexpr int kProducerRegs = 56;
+  static constexpr int kConsumerRegs = 224;
+  static_assert(128 * kProducerRegs + 128 * Cfg::kConsumers * kConsumerRegs <= Cfg::kLaunchRegs * Cfg::kThreads,
+                "setmaxnreg: the consumers ask for no more than the producer's warpgroup releases");
+  static_assert(kRingSlots > Cfg::kStages + 2, "a ring slot is rewritten only after its item is done");
+  // The narrowest MMA: with the 8-, 16- and 24-wide instantiations in the item loop as well, ptxas
+  // serializes the consumers' wgmma (C7512), whatever their register budget. Only an expert's last
+  // tile can be that narrow.
+  static constexpr int kMinWidth = 32;
+  static_assert(kRingOffset + 4 * kRingSlots <= kPlaneOffset, "barriers and ring before the plane");
   static_assert(kSmemBytes <= 227 * 1024, "SM90 shared memory per block");
 };
 
@@ -345,7 +366,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   const StageMap<Cfg> sm{(ptx::SmemAddr(smem_raw) + 1023u) & ~1023u};
   const uint32_t bar_staged = sm.Full(2 * Cfg::kStages), bar_free = bar_staged + 8;
-  float* plane = reinterpret_cast<float*>(smem_raw + (sm.base - ptx::SmemAddr(smem_raw)) + Layout::kPlaneOffset);
+  uint8_t* const smem_base = smem_raw + (sm.base - ptx::SmemAddr(smem_raw));
+  uint32_t* const ring = reinterpret_cast<uint32_t*>(smem_base + Layout::kRingOffset);
+  float* const plane = reinterpret_cast<float*>(smem_base + Layout::kPlaneOffset);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 3, role = tid >> 7;
   if (tid == 0) {
@@ -356,22 +379,40 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
   __syncthreads();
   ptx::EnterPipelineKernel();
-  // (The grid's upper bound, m_tiles x max tiles, fits gridDim.x: so does the real count.)
-  const uint32_t items = static_cast<uint32_t>(*p.num_tiles) * static_cast<uint32_t>(p.m_tiles);
   const int k_tiles = static_cast<int>(p.a_shape.col_tiles);
   auto groups_of = [&](const TileCoords& tc) {
     return static_cast<int>(p.a_shape.GroupsInBlock(tc.group0 / kBlockRowGroups));
   };
 
   if (role == 0) {
-    int n = 0;
-    for (uint32_t item = blockIdx.x; item < items; item += gridDim.x, ++n) {
-      const TileCoords tc = TileOf<Cfg::kBlockN>(p, item);
-      if (warp == 0) {
-        ProduceTile(p, tc, sm, &map_wide, &map_narrow, groups_of(tc), TileWidth<Cfg::kBlockN>(tc.n_valid), k_tiles,
-                    n * k_tiles, lane);
-      } else {
+    wgmma::RegDealloc<Layout::kProducerRegs>();
+    if (warp == 0) {
+      // (The grid's upper bound, m_tiles x max tiles, fits in 32 bits: so does the real count.)
+      const uint32_t items = static_cast<uint32_t>(*p.num_tiles) * static_cast<uint32_t>(p.m_tiles);
+      uint32_t item = blockIdx.x;
+      int step = 0;
+      for (int n = 0;; ++n) {
+        if (lane == 0) ring[n % Layout::kRingSlots] = item < items ? item : Layout::kNoItem;
+        if (item >= items) {
+          const int s = step % Cfg::kStages;
+          if (step >= Cfg::kStages) wgmma::MbarWait(sm.Empty(s), ((step / Cfg::kStages) - 1) & 1);
+          if (lane == 0) wgmma::MbarArrive(sm.Full(s));
+          break;
+        }
+        const TileCoords tc = TileOf<Cfg::kBlockN>(p, item);
+        ProduceTile(p, tc, sm, &map_wide, &map_narrow, groups_of(tc),
+                    TileWidth<Cfg::kBlockN, Layout::kMinWidth>(tc.n_valid), k_tiles, step, lane);
+        step += k_tiles;
+        uint32_t next = 0;
+        if (lane == 0) next = gridDim.x + atomicAdd(reinterpret_cast<unsigned int*>(p.work_counter), 1u);
+        item = __shfl_sync(0xFFFFFFFFu, next, 0);
+      }
+    } else {
+      for (int n = 0;; ++n) {
         wgmma::MbarWait(bar_staged, n & 1);
+        const uint32_t item = ring[n % Layout::kRingSlots];
+        if (item == Layout::kNoItem) break;
+        const TileCoords tc = TileOf<Cfg::kBlockN>(p, item);
         QuantizeStagedActs(p, tc, groups_of(tc), plane, warp - 1, Layout::kEpilogueWarps, lane);
         wgmma::MbarArrive(bar_free);
       }
@@ -379,19 +420,38 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     return;
   }
 
+  wgmma::RegAlloc<Layout::kConsumerRegs>();
   const int wg = role - 1;
-  int n = 0;
-  for (uint32_t item = blockIdx.x; item < items; item += gridDim.x, ++n) {
-    const TileCoords tc = TileOf<Cfg::kBlockN>(p, item);
-    const int groups = groups_of(tc);
-    const ConsumerArgs c{k_tiles, warp, wg, lane, FragRowGroup<Cfg::kMFrags, Cfg::kConsumers>(warp, wg, 0) < groups,
-                         n * k_tiles};
-    ConsumeTileOfWidth<Cfg>(TileWidth<Cfg::kBlockN>(tc.n_valid), sm, c, [&](const auto& acc) {
+  int step = 0;
+  for (int n = 0;; ++n) {
+    // The item's first stage (or the end) is published: its id is in the ring.
+    wgmma::MbarWait(sm.Full(step % Cfg::kStages), (step / Cfg::kStages) & 1);
+    const uint32_t item = ring[n % Layout::kRingSlots];
+    // "staged" advances one phase at a time: the epilogue warps are done with the previous item
+    // (and so waiting for this one) before the consumers arrive again.
+    if (item == Layout::kNoItem) {
+      if (n > 0) wgmma::MbarWait(bar_free, (n - 1) & 1);
+      wgmma::MbarArrive(bar_staged);
+      break;
+    }
+    int width;
+    bool active;
+    {
+      const TileCoords tc = TileOf<Cfg::kBlockN>(p, item);
+      width = TileWidth<Cfg::kBlockN, Layout::kMinWidth>(tc.n_valid);
+      active = FragRowGroup<Cfg::kMFrags, Cfg::kConsumers>(warp, wg, 0) < groups_of(tc);
+    }
+    const ConsumerArgs c{k_tiles, warp, wg, lane, active, step};
+    ConsumeTileOfWidth<Cfg, Layout::kMinWidth>(width, sm, c, [&](const auto& acc) {
       constexpr int kNTiles = kAccTiles<decltype(acc)>;
+      // (The tile is looked up again here: kept across the main loop, it cost registers the
+      // MMAs need.)
+      const TileCoords tc = TileOf<Cfg::kBlockN>(p, item);
       if (n > 0) wgmma::MbarWait(bar_free, (n - 1) & 1);  // the previous item's plane is re-quantized
-      if (c.active) ActivateToStaged<kAct, Cfg::kMFrags, kNTiles, Cfg::kConsumers>(p, tc, acc, warp, wg, lane, plane);
+      if (active) ActivateToStaged<kAct, Cfg::kMFrags, kNTiles, Cfg::kConsumers>(p, tc, acc, warp, wg, lane, plane);
       wgmma::MbarArrive(bar_staged);
     });
+    step += k_tiles;
   }
 #else
   __trap();  // built for sm_90a only; cuda_moe.cu refuses other devices before launching
@@ -444,6 +504,7 @@ cudaError_t LaunchWgmmaConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, 
   if (fc1 && UsePersistentFc1<Cfg>()) {
     const auto kernel = PersistentFc1KernelOf<Cfg>(p.act);
     if (kernel == nullptr) return cudaErrorInvalidValue;  // refused by CheckActivationSupported before
+    if (p.work_counter == nullptr) return cudaErrorInvalidValue;
     // One CTA per SM (fewer when there are fewer items, or under LimitPersistentCtas).
     int device = 0, sms = 0;
     if (e = cudaGetDevice(&device); e == cudaSuccess)

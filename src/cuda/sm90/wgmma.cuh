@@ -81,7 +81,7 @@ __device__ __forceinline__ void MbarArrive(uint32_t bar) {
 #endif
 }
 // Waits until the phase of parity `parity` has completed. Built with -DMXMOE_DEBUG_MBAR_TIMEOUT, a
-// wait that lasts ~2^32 cycles (seconds) prints the barrier and traps, instead of hanging the device.
+// wait that lasts ~2^31 cycles (about a second) prints the barrier and traps instead of hanging.
 __device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
 #if MXMOE_WGMMA_AVAILABLE && defined(MXMOE_DEBUG_MBAR_TIMEOUT)
   const long long start = clock64();
@@ -95,7 +95,7 @@ __device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
         : "r"(bar), "r"(parity)
         : "memory");
     if (done) return;
-    if (clock64() - start > (1ll << 32)) {
+    if (clock64() - start > (1ll << 31)) {
       printf("mxmoe: mbarrier wait timed out: smem 0x%x parity %u, block %d thread %d\n", bar, parity,
              static_cast<int>(blockIdx.x), static_cast<int>(threadIdx.x));
       __trap();
