@@ -61,4 +61,14 @@ cudaError_t LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
+// The three entry points of one GEMM config, defined in the config's own translation unit (one
+// config per unit, so that they compile in parallel) and declared by the dispatch file: LAUNCH,
+// PREPARE and INFO name the kernel family's function templates, LABEL the config's name.
+#define MXMOE_DEFINE_GEMM_CONFIG(NAME, CONFIG, LABEL, LAUNCH, PREPARE, INFO)                            \
+  cudaError_t LaunchGemm##NAME(bool fc1, const GemmParams& p, int64_t grid_ctas, cudaStream_t stream) { \
+    return LAUNCH<CONFIG>(fc1, p, grid_ctas, stream);                                                  \
+  }                                                                                                    \
+  cudaError_t PrepareGemm##NAME() { return PREPARE<CONFIG>(); }                                        \
+  GemmConfigInfo Info##NAME() { return INFO<CONFIG>(LABEL); }
+
 }  // namespace mxmoe::cuda

@@ -149,13 +149,14 @@ struct GemmParams {
   const float* topk_weights = nullptr;  // chunk rows [T, k]
 };
 
-// mma.sync kernels (sm90/moe_gemm.cuh) and wgmma kernels (sm90/moe_wgmma.cuh), by BLOCK_N.
-enum class GemmConfigId : int { kN8 = 0, kN32 = 1, kN64 = 2, kWg64 = 3, kWg128 = 4 };
-inline constexpr int kNumGemmConfigs = 5;
+// mma.sync kernels (sm90/moe_gemm.cuh) and wgmma kernels (sm90/moe_wgmma.cuh), by BLOCK_N; wg128d
+// is wg128 with more MMAs in flight (forced only, not yet measured: perf-log v7.1).
+enum class GemmConfigId : int { kN8 = 0, kN32 = 1, kN64 = 2, kWg64 = 3, kWg128 = 4, kWg128d = 5 };
+inline constexpr int kNumGemmConfigs = 6;
 // Whether a config's FC1 reads its tokens as rows in sorted order (LaunchGatherRows first) rather
 // than gathering them from xq itself.
 inline constexpr bool GemmLoadsSortedRows(GemmConfigId id) {
-  return id == GemmConfigId::kWg64 || id == GemmConfigId::kWg128;
+  return id == GemmConfigId::kWg64 || id == GemmConfigId::kWg128 || id == GemmConfigId::kWg128d;
 }
 
 struct GemmConfigInfo {

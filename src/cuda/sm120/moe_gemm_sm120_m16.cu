@@ -3,10 +3,6 @@
 
 namespace mxmoe::cuda::sm120 {
 
-cudaError_t LaunchGemmM16(bool fc1, const GemmParams& p, int64_t grid_ctas, cudaStream_t stream) {
-  return LaunchGemmConfig<ConfigM16>(fc1, p, grid_ctas, stream);
-}
-cudaError_t PrepareGemmM16() { return PrepareGemmConfig<ConfigM16>(); }
-GemmConfigInfo InfoM16() { return InfoOf<ConfigM16>("m16"); }
+MXMOE_DEFINE_GEMM_CONFIG(M16, ConfigM16, "m16", LaunchGemmConfig, PrepareGemmConfig, InfoOf)
 
 }  // namespace mxmoe::cuda::sm120

@@ -3,10 +3,6 @@
 
 namespace mxmoe::cuda::sm120 {
 
-cudaError_t LaunchGemmM64(bool fc1, const GemmParams& p, int64_t grid_ctas, cudaStream_t stream) {
-  return LaunchGemmConfig<ConfigM64>(fc1, p, grid_ctas, stream);
-}
-cudaError_t PrepareGemmM64() { return PrepareGemmConfig<ConfigM64>(); }
-GemmConfigInfo InfoM64() { return InfoOf<ConfigM64>("m64"); }
+MXMOE_DEFINE_GEMM_CONFIG(M64, ConfigM64, "m64", LaunchGemmConfig, PrepareGemmConfig, InfoOf)
 
 }  // namespace mxmoe::cuda::sm120

@@ -18,6 +18,7 @@ MXMOE_DECLARE_CONFIG(N32)
 MXMOE_DECLARE_CONFIG(N64)
 MXMOE_DECLARE_CONFIG(Wg64)
 MXMOE_DECLARE_CONFIG(Wg128)
+MXMOE_DECLARE_CONFIG(Wg128d)
 #undef MXMOE_DECLARE_CONFIG
 }  // namespace sm90
 
@@ -28,6 +29,7 @@ GemmConfigInfo GemmInfo(GemmConfigId id) {
     case GemmConfigId::kN64: return sm90::InfoN64();
     case GemmConfigId::kWg64: return sm90::InfoWg64();
     case GemmConfigId::kWg128: return sm90::InfoWg128();
+    case GemmConfigId::kWg128d: return sm90::InfoWg128d();
   }
   return sm90::InfoN8();
 }
@@ -38,6 +40,7 @@ cudaError_t PrepareGemmKernels() {
   if (e == cudaSuccess) e = sm90::PrepareGemmN64();
   if (e == cudaSuccess) e = sm90::PrepareGemmWg64();
   if (e == cudaSuccess) e = sm90::PrepareGemmWg128();
+  if (e == cudaSuccess) e = sm90::PrepareGemmWg128d();
   return e;
 }
 
@@ -65,6 +68,7 @@ cudaError_t LaunchGemm(GemmConfigId id, bool fc1, const GemmParams& p, int64_t g
     case GemmConfigId::kN64: return sm90::LaunchGemmN64(fc1, p, grid_ctas, stream);
     case GemmConfigId::kWg64: return sm90::LaunchGemmWg64(fc1, p, grid_ctas, stream);
     case GemmConfigId::kWg128: return sm90::LaunchGemmWg128(fc1, p, grid_ctas, stream);
+    case GemmConfigId::kWg128d: return sm90::LaunchGemmWg128d(fc1, p, grid_ctas, stream);
   }
   return cudaErrorInvalidValue;
 }

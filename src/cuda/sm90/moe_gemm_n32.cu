@@ -3,10 +3,6 @@
 
 namespace mxmoe::cuda::sm90 {
 
-cudaError_t LaunchGemmN32(bool fc1, const GemmParams& p, int64_t grid_ctas, cudaStream_t stream) {
-  return LaunchGemmConfig<ConfigN32>(fc1, p, grid_ctas, stream);
-}
-cudaError_t PrepareGemmN32() { return PrepareGemmConfig<ConfigN32>(); }
-GemmConfigInfo InfoN32() { return InfoOf<ConfigN32>("n32"); }
+MXMOE_DEFINE_GEMM_CONFIG(N32, ConfigN32, "n32", LaunchGemmConfig, PrepareGemmConfig, InfoOf)
 
 }  // namespace mxmoe::cuda::sm90

@@ -3,10 +3,6 @@
 
 namespace mxmoe::cuda::sm90 {
 
-cudaError_t LaunchGemmN8(bool fc1, const GemmParams& p, int64_t grid_ctas, cudaStream_t stream) {
-  return LaunchGemmConfig<ConfigN8>(fc1, p, grid_ctas, stream);
-}
-cudaError_t PrepareGemmN8() { return PrepareGemmConfig<ConfigN8>(); }
-GemmConfigInfo InfoN8() { return InfoOf<ConfigN8>("n8"); }
+MXMOE_DEFINE_GEMM_CONFIG(N8, ConfigN8, "n8", LaunchGemmConfig, PrepareGemmConfig, InfoOf)
 
 }  // namespace mxmoe::cuda::sm90

@@ -47,7 +47,10 @@
 namespace mxmoe::cuda::sm90 {
 
 // ---- config -----------------------------------------------------------------------------------
-template <int kBlockN_, int kStages_>
+// kInFlight: MMA groups (one k16 step of a consumer warpgroup) left in flight while the next step is
+// dequantized, 1 or 3 (kInFlight + 1 register sets for A, indexed by the step within a 64-wide
+// stage).
+template <int kBlockN_, int kStages_, int kInFlight_ = 1>
 struct WgmmaConfig {
   static constexpr int kConsumers = 2;  // consumer warpgroups
   static constexpr int kThreads = 128 * (1 + kConsumers);
@@ -56,6 +59,8 @@ struct WgmmaConfig {
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kNTiles = kBlockN / 8;
   static constexpr int kStages = kStages_;
+  static constexpr int kInFlight = kInFlight_;
+  static constexpr int kASets = kInFlight + 1;
   // A stage: B first (the swizzle atoms need 1024-byte alignment), then A tiles, then scales.
   static constexpr int kSubB = kBlockN * 128;
   static constexpr int kSubA = kBlockRowGroups * kTileBytes;
@@ -72,6 +77,7 @@ struct WgmmaConfig {
 
   static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= 128, "wgmma N: a multiple of 8 (<= 128 here)");
   static_assert(kStages >= 2 && kStages <= 8, "stages");
+  static_assert(kASets == 2 || kASets == 4, "A register sets: a divisor of the 4 k16 steps of a stage");
   static_assert(kSmemBytes <= 227 * 1024, "SM90 shared memory per block");
   static_assert(kFc1StagedBytes<kBlockN> <= kStages * kSmemStage, "FC1's epilogue reuses the stages");
   static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= kLaunchRegs * kThreads, "setmaxnreg");
@@ -98,20 +104,21 @@ __device__ __forceinline__ void DequantStep(const uint4 (&frag_a)[kMFrags], cons
   }
 }
 
-// Dequantize k16 step kStep into register set kStep % 2, then issue the warpgroup's MMAs on it.
-template <int kMFrags, int kNTiles, int kStep>
+// Dequantize k16 step kStep into register set kStep % kASets, then issue the warpgroup's MMAs on it.
+template <int kMFrags, int kNTiles, int kStep, int kASets>
 __device__ __forceinline__ void IssueStep(const uint4 (&frag_a)[kMFrags], const uint32_t (&frag_s)[kMFrags],
-                                          uint32_t (&areg)[2][kMFrags][4], uint64_t desc_b,
+                                          uint32_t (&areg)[kASets][kMFrags][4], uint64_t desc_b,
                                           float (&acc)[kMFrags][kNTiles][4]) {
-  DequantStep<kMFrags, kStep>(frag_a, frag_s, areg[kStep % 2]);
+  DequantStep<kMFrags, kStep>(frag_a, frag_s, areg[kStep % kASets]);
   wgmma::Fence();
 #pragma unroll
   for (int f = 0; f < kMFrags; ++f)
-    wgmma::WgmmaBf16Rs(acc[f], areg[kStep % 2][f], wgmma::AdvanceDesc(desc_b, kStep * 32));
+    wgmma::WgmmaBf16Rs(acc[f], areg[kStep % kASets][f], wgmma::AdvanceDesc(desc_b, kStep * 32));
   wgmma::Commit();
-  // Only this group may stay in flight: the other register set (the group before) is free again,
-  // and at the end of a step every MMA of the step before has finished reading its stage.
-  wgmma::Wait<1>();
+  // At most kASets - 1 groups stay in flight: the register set the next step writes (that of the
+  // group kASets - 1 before it) is free again, and at the end of a step (4 groups, kASets <= 4)
+  // every MMA of the step before has finished reading its stage.
+  wgmma::Wait<kASets - 1>();
 }
 
 // The tile widths the MMAs take: a tile's valid columns rounded up to a multiple of 8 up to 32 and
@@ -162,7 +169,7 @@ __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const Consu
     for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[f][nt][i] = 0.0f;
-  uint32_t areg[2][kMFrags][4];
+  uint32_t areg[Cfg::kASets][kMFrags][4];
 
   const int g = c.lane >> 2;
   for (int kt = 0; kt < c.k_tiles; ++kt) {
@@ -181,10 +188,10 @@ __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const Consu
     const uint64_t desc_b = wgmma::SmemDescK128(sm.B(s), 1024);
 #pragma unroll
     for (int f = 0; f < kMFrags; ++f) wgmma::FenceOperand(acc[f]);
-    IssueStep<kMFrags, kNTiles, 0>(frag_a, frag_s, areg, desc_b, acc);
-    IssueStep<kMFrags, kNTiles, 1>(frag_a, frag_s, areg, desc_b, acc);
-    IssueStep<kMFrags, kNTiles, 2>(frag_a, frag_s, areg, desc_b, acc);
-    IssueStep<kMFrags, kNTiles, 3>(frag_a, frag_s, areg, desc_b, acc);
+    IssueStep<kMFrags, kNTiles, 0, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc);
+    IssueStep<kMFrags, kNTiles, 1, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc);
+    IssueStep<kMFrags, kNTiles, 2, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc);
+    IssueStep<kMFrags, kNTiles, 3, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc);
     // Every MMA of step kt - 1 has completed: its stage is free.
     if (kt > 0 && c.lane == 0) wgmma::MbarArrive(sm.Empty((step - 1) % Cfg::kStages));
   }
@@ -472,21 +479,21 @@ auto PersistentFc1KernelOf(ActivationType act) -> decltype(&MoeWgmmaFc1Persisten
   }
 }
 
-// Whether FC1 of config Cfg runs the persistent kernel: the 128-wide config, when it is on
-// (SetPersistentFc1, MXMOE_FC1_PERSISTENT).
+// The configs with a persistent FC1 kernel: wg128. (With 3 MMA groups in flight, ptxas serializes
+// the persistent kernel's wgmma, C7512.)
 template <class Cfg>
-bool UsePersistentFc1() {
-  return Cfg::kBlockN == 128 && PersistentFc1Enabled();
-}
+inline constexpr bool HasPersistentFc1 = Cfg::kBlockN == 128 && Cfg::kInFlight == 1;
 
 template <class Cfg>
 cudaError_t PrepareWgmmaConfig() {
   cudaError_t e = AllowDynamicSmem(MoeWgmmaKernel<Cfg, true>, MoeWgmmaKernel<Cfg, false>, Cfg::kSmemBytes);
-  if (Cfg::kBlockN != 128) return e;  // (prepared whether on or not: it may be turned on later)
-  for (const ActivationType act : {ActivationType::Situ, ActivationType::Swiglu, ActivationType::SwigluBias,
-                                   ActivationType::Geglu, ActivationType::GegluTanh})
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(PersistentFc1KernelOf<Cfg>(act), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 PersistentFc1Layout<Cfg>::kSmemBytes);
+  if constexpr (HasPersistentFc1<Cfg>) {  // (prepared whether on or not: it may be turned on later)
+    for (const ActivationType act : {ActivationType::Situ, ActivationType::Swiglu, ActivationType::SwigluBias,
+                                     ActivationType::Geglu, ActivationType::GegluTanh})
+      if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(PersistentFc1KernelOf<Cfg>(act), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 PersistentFc1Layout<Cfg>::kSmemBytes);
+  }
   return e;
 }
 
@@ -501,20 +508,23 @@ cudaError_t LaunchWgmmaConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, 
   cudaError_t e = MakeBf16RowMap(&wide, p.b, p.a_shape.cols, rows, p.b_stride, Cfg::kBlockN);
   if (e == cudaSuccess) e = MakeBf16RowMap(&narrow, p.b, p.a_shape.cols, rows, p.b_stride, 8);
   if (e != cudaSuccess) return e;
-  if (fc1 && UsePersistentFc1<Cfg>()) {
-    const auto kernel = PersistentFc1KernelOf<Cfg>(p.act);
-    if (kernel == nullptr) return cudaErrorInvalidValue;  // refused by CheckActivationSupported before
-    if (p.work_counter == nullptr) return cudaErrorInvalidValue;
-    // One CTA per SM (fewer when there are fewer items, or under LimitPersistentCtas).
-    int device = 0, sms = 0;
-    if (e = cudaGetDevice(&device); e == cudaSuccess)
-      e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (e != cudaSuccess) return e;
-    const int limit = PersistentCtaLimit();
-    if (limit > 0 && limit < sms) sms = limit;
-    grid.x = static_cast<unsigned>(grid_ctas < sms ? grid_ctas : sms);
-    return LaunchKernel(kernel, grid, dim3(Cfg::kThreads), PersistentFc1Layout<Cfg>::kSmemBytes, stream, p, wide,
-                        narrow);
+  // FC1 runs the persistent kernel when it is on (SetPersistentFc1, MXMOE_FC1_PERSISTENT).
+  if constexpr (HasPersistentFc1<Cfg>) {
+    if (fc1 && PersistentFc1Enabled()) {
+      const auto kernel = PersistentFc1KernelOf<Cfg>(p.act);
+      if (kernel == nullptr) return cudaErrorInvalidValue;  // refused by CheckActivationSupported before
+      if (p.work_counter == nullptr) return cudaErrorInvalidValue;
+      // One CTA per SM (fewer when there are fewer items, or under LimitPersistentCtas).
+      int device = 0, sms = 0;
+      if (e = cudaGetDevice(&device); e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+      if (e != cudaSuccess) return e;
+      const int limit = PersistentCtaLimit();
+      if (limit > 0 && limit < sms) sms = limit;
+      grid.x = static_cast<unsigned>(grid_ctas < sms ? grid_ctas : sms);
+      return LaunchKernel(kernel, grid, dim3(Cfg::kThreads), PersistentFc1Layout<Cfg>::kSmemBytes, stream, p, wide,
+                          narrow);
+    }
   }
   return LaunchKernel(fc1 ? MoeWgmmaKernel<Cfg, true> : MoeWgmmaKernel<Cfg, false>, grid, dim3(Cfg::kThreads),
                       Cfg::kSmemBytes, stream, p, wide, narrow);
@@ -528,5 +538,8 @@ GemmConfigInfo WgmmaInfoOf(const char* name) {
 // The instantiations, one per translation unit (moe_wgmma_*.cu).
 using ConfigWg64 = WgmmaConfig<64, 8>;    // fewer idle columns when experts get 50-100 tokens
 using ConfigWg128 = WgmmaConfig<128, 6>;  // the widest tile: the least dequantization per FLOP
+// wg128 with 3 MMA groups in flight per consumer warpgroup (perf-log v7.1: the main loop keeps the
+// tensor pipe busy under half the time); forced only (MXMOE_GEMM_CONFIG=wg128d) until measured.
+using ConfigWg128Deep = WgmmaConfig<128, 6, 3>;
 
 }  // namespace mxmoe::cuda::sm90
