@@ -17,13 +17,14 @@ BUILD=build-gpu
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
-want() { [[ " $STAGES " == *" all "* || " $STAGES " == *" $1 "* ]]; }
+named() { [[ " $STAGES " == *" $1 "* ]]; }  # stage $1 was asked for by name
+want() { named all || named "$1"; }
 secs() { date +%s; }
 
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /' | tee -a "$SUMMARY"
 
 if want build || want test || want sanitize || want bench || want profile || want bench2 || want kprofile || want dist \
-   || [[ " $STAGES " == *" sprofile "* ]]; then
+   || named sprofile; then
   t0=$(secs)
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMXMOE_CUDA=ON -DMXMOE_CUDA_ARCHS=90a \
     -DCMAKE_CUDA_FLAGS="-Xptxas -v ${EXTRA_CUDA_FLAGS:-}" >"$OUT/configure.log" 2>&1 || { note "configure FAILED"; tail -20 "$OUT/configure.log"; exit 1; }
@@ -143,8 +144,9 @@ fi
 # stall, per SASS instruction (Nsight Compute's PC sampling; clocks left alone), Kimi-K3 shape with
 # 128 experts, T = 4096, the kernel the environment picks (MXMOE_FC1_PERSISTENT, MXMOE_GEMM_CONFIG,
 # default wg128): $OUT/sprofile.csv, and the instructions with the most samples
-# (scripts/sprofile_top.py, which also reads the CSV on any machine).
-if [[ " $STAGES " == *" sprofile "* ]]; then
+# (scripts/sprofile_top.py, which also reads the CSV on any machine). Not yet run on the device:
+# the export's flags (--page source --print-source sass) are unchecked there.
+if named sprofile; then
   t0=$(secs)
   rep=/tmp/mxmoe_sprofile
   MXMOE_GEMM_CONFIG=${MXMOE_GEMM_CONFIG:-wg128} timeout 200 ncu --clock-control none -k regex:MoeWgmma -c 1 \
@@ -161,7 +163,7 @@ fi
 # sm_120a with the SM120 kernels' sm_90a code emulating the block-scaled MMA; the whole GPU suite
 # through the SM120 path on this SM90 device (MXMOE_CUDA_PATH=sm120); registers and spills of the
 # SM120 kernels (-Xptxas -v) and the sm_120a SASS (the block-scaled MMA, local memory). docs/sm120.md.
-if [[ " $STAGES " == *" sm120 "* ]]; then
+if named sm120; then
   t0=$(secs)
   B120=build-gpu-sm120
   cmake -S . -B "$B120" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMXMOE_CUDA=ON -DMXMOE_CUDA_ARCHS="90a;120a" \

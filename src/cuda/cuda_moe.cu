@@ -111,8 +111,7 @@ struct GemmCall {
   const int32_t* sorted_pairs = nullptr;
   const int32_t* expert_offsets = nullptr;
   const int2* tiles = nullptr;
-  const int32_t* num_tiles = nullptr;
-  int32_t* work_counter = nullptr;  // num_tiles + 1 (GemmParams::work_counter)
+  int32_t* num_tiles = nullptr;  // [2]: the tile count, then the persistent FC1 kernel's work counter
   int64_t max_tiles = 0;  // an upper bound of *num_tiles, known on the host
   int32_t top_k = 0;
   const float* topk_weights = nullptr;
@@ -195,7 +194,7 @@ class Sm90Path final : public KernelPath {
     g.expert_offsets = call.expert_offsets;
     g.tiles = call.tiles;
     g.num_tiles = call.num_tiles;
-    g.work_counter = call.work_counter;
+    g.work_counter = call.num_tiles + 1;
     g.top_k = call.top_k;
     g.experts = call.experts;
     g.act = call.act;
@@ -734,7 +733,6 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
   call.expert_offsets = offsets;
   call.tiles = tiles;
   call.num_tiles = num_tiles;
-  call.work_counter = num_tiles + 1;
   call.top_k = static_cast<int32_t>(top_k);
   call.experts = params_.As<ExpertParams>();
   call.act = layout_.activation.type;

@@ -3,6 +3,7 @@
 // shapes (and the wgmma ones only on large shapes checked against the GPU reference).
 #include <gtest/gtest.h>
 
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,29 @@ struct ForcedConfig {
   ~ForcedConfig() { cuda::ForceGemmConfig(-1); }
 };
 
+// A synthetic layer of activation `kind` (biased for SwiGLU-bias), and for each token count and
+// routing its CPU reference and a DeviceCase: variants(dc, ref, t, label) runs the GPU variants
+// to compare. Seeds come from `seed`, in order.
+template <class Variants>
+void ForEachInput(const LayerShape& s, ActivationType kind, uint64_t& seed, std::initializer_list<int64_t> tokens,
+                  std::initializer_list<RoutingPattern> patterns, const Variants& variants) {
+  const bool bias = kind == ActivationType::SwigluBias;
+  ExpertSet set = SyntheticSet(s, SpecFor(kind, s.num_experts), ++seed, {}, bias);
+  auto moe = MakeCudaMoe(set);
+  ASSERT_TRUE(moe);
+  for (int64_t t : tokens) {
+    for (RoutingPattern pat : patterns) {
+      SyntheticInput in;
+      MakeSyntheticInput(s, t, pat, ++seed, &in);
+      const auto ref = ReferenceF32(set, InputOf(in));
+      DeviceCase dc(*moe, in);
+      const std::string label =
+          std::string(ActivationName(kind)) + " " + RoutingPatternName(pat) + " T=" + std::to_string(t);
+      variants(dc, ref, t, label);
+    }
+  }
+}
+
 TEST(CudaGemmConfigs, EveryConfigMatchesReference) {
   MXMOE_REQUIRE_SM90();
   struct Case {
@@ -40,26 +64,17 @@ TEST(CudaGemmConfigs, EveryConfigMatchesReference) {
   uint64_t seed = 900;
   for (const Case& c : cases) {
     const LayerShape& s = c.shape;
-    const bool bias = c.kind == ActivationType::SwigluBias;
-    const ActivationSpec act = SpecFor(c.kind, s.num_experts);
-    ExpertSet set = SyntheticSet(s, act, ++seed, {}, bias);
-    auto moe = MakeCudaMoe(set);
-    ASSERT_TRUE(moe);
-    for (int64_t t : {1, 37, 300}) {
-      for (RoutingPattern pat : {RoutingPattern::kUniform, RoutingPattern::kOneExpert, RoutingPattern::kWithInvalid}) {
-        SyntheticInput in;
-        MakeSyntheticInput(s, t, pat, ++seed, &in);
-        const auto ref = ReferenceF32(set, InputOf(in));
-        DeviceCase dc(*moe, in);
-        for (int id = 0; id < cuda::kNumGemmConfigs; ++id) {
-          const ForcedConfig forced(id);
-          SCOPED_TRACE(std::string(cuda::GemmInfo(static_cast<cuda::GemmConfigId>(id)).name) + " " +
-                       ActivationName(c.kind) + " " + RoutingPatternName(pat) + " T=" + std::to_string(t) +
-                       " K=" + std::to_string(s.hidden) + " I=" + std::to_string(s.intermediate));
-          EXPECT_TRUE(MoeCloseF32(dc.RunF32(), ref, {t, s.hidden}, s.top_k * s.intermediate));
-        }
-      }
-    }
+    ASSERT_NO_FATAL_FAILURE(ForEachInput(
+        s, c.kind, seed, {1, 37, 300},
+        {RoutingPattern::kUniform, RoutingPattern::kOneExpert, RoutingPattern::kWithInvalid},
+        [&](DeviceCase& dc, const auto& ref, int64_t t, const std::string& label) {
+          for (int id = 0; id < cuda::kNumGemmConfigs; ++id) {
+            const ForcedConfig forced(id);
+            SCOPED_TRACE(std::string(cuda::GemmInfo(static_cast<cuda::GemmConfigId>(id)).name) + " " + label +
+                         " K=" + std::to_string(s.hidden) + " I=" + std::to_string(s.intermediate));
+            EXPECT_TRUE(MoeCloseF32(dc.RunF32(), ref, {t, s.hidden}, s.top_k * s.intermediate));
+          }
+        }));
   }
 }
 
@@ -101,29 +116,21 @@ TEST(CudaGemmConfigs, PersistentFc1WalksManyItemsPerCta) {
   const PersistentOn persistent;
   const ForcedConfig forced(static_cast<int>(cuda::GemmConfigId::kWg128));
   uint64_t seed = 1700;
+  // 2 I = 640: three row blocks, the last one partial (padding warps).
+  const LayerShape s{8, 192, 320, 4};
   for (const ActivationType kind : {ActivationType::Situ, ActivationType::Swiglu, ActivationType::SwigluBias,
                                     ActivationType::Geglu, ActivationType::GegluTanh}) {
-    // 2 I = 640: three row blocks, the last one partial (padding warps).
-    const LayerShape s{8, 192, 320, 4};
-    const bool bias = kind == ActivationType::SwigluBias;
-    ExpertSet set = SyntheticSet(s, SpecFor(kind, s.num_experts), ++seed, {}, bias);
-    auto moe = MakeCudaMoe(set);
-    ASSERT_TRUE(moe);
     // (The CPU reference dominates the run time: T stays a few hundred.)
-    for (int64_t t : {3, 77, 300}) {
-      for (RoutingPattern pat : {RoutingPattern::kUniform, RoutingPattern::kHeavyHitters, RoutingPattern::kWithInvalid}) {
-        SyntheticInput in;
-        MakeSyntheticInput(s, t, pat, ++seed, &in);
-        const auto ref = ReferenceF32(set, InputOf(in));
-        DeviceCase dc(*moe, in);
-        for (int ctas : {1, 2, 5}) {
-          const CtaLimit limit(ctas);
-          SCOPED_TRACE(std::string(ActivationName(kind)) + " " + RoutingPatternName(pat) + " T=" + std::to_string(t) +
-                       " CTAs=" + std::to_string(ctas));
-          EXPECT_TRUE(MoeCloseF32(dc.RunF32(), ref, {t, s.hidden}, s.top_k * s.intermediate));
-        }
-      }
-    }
+    ASSERT_NO_FATAL_FAILURE(ForEachInput(
+        s, kind, seed, {3, 77, 300},
+        {RoutingPattern::kUniform, RoutingPattern::kHeavyHitters, RoutingPattern::kWithInvalid},
+        [&](DeviceCase& dc, const auto& ref, int64_t t, const std::string& label) {
+          for (int ctas : {1, 2, 5}) {
+            const CtaLimit limit(ctas);
+            SCOPED_TRACE(label + " CTAs=" + std::to_string(ctas));
+            EXPECT_TRUE(MoeCloseF32(dc.RunF32(), ref, {t, s.hidden}, s.top_k * s.intermediate));
+          }
+        }));
   }
 }
 

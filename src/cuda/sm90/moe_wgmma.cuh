@@ -147,6 +147,13 @@ struct StageMap {
   __device__ uint32_t Scales(int s) const { return A(s) + Cfg::kSubA; }
   __device__ uint32_t Full(int s) const { return base + Cfg::kStages * Cfg::kSmemStage + 8u * s; }
   __device__ uint32_t Empty(int s) const { return Full(Cfg::kStages + s); }
+  // Pipeline step `step` uses stage step % kStages, in round step / kStages of it. The consumers
+  // wait until the step's stage is loaded; the producer until it is free again (the first kStages
+  // steps find theirs free).
+  __device__ void WaitLoaded(int step) const { wgmma::MbarWait(Full(step % Cfg::kStages), (step / Cfg::kStages) & 1); }
+  __device__ void WaitFree(int step) const {
+    if (step >= Cfg::kStages) wgmma::MbarWait(Empty(step % Cfg::kStages), (step / Cfg::kStages - 1) & 1);
+  }
 };
 
 // What a consumer thread needs besides its tile width.
@@ -175,7 +182,7 @@ __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const Consu
   for (int kt = 0; kt < c.k_tiles; ++kt) {
     const int step = c.step0 + kt;
     const int s = step % Cfg::kStages;
-    wgmma::MbarWait(sm.Full(s), (step / Cfg::kStages) & 1);
+    sm.WaitLoaded(step);
     uint4 frag_a[kMFrags];
     uint32_t frag_s[kMFrags];
 #pragma unroll
@@ -237,7 +244,7 @@ __device__ __forceinline__ void ProduceTile(const GemmParams& p, const TileCoord
   for (int kt = 0; kt < k_tiles; ++kt) {
     const int step = step0 + kt;
     const int s = step % Cfg::kStages;
-    if (step >= Cfg::kStages) wgmma::MbarWait(sm.Empty(s), ((step / Cfg::kStages) - 1) & 1);
+    sm.WaitFree(step);
     if (lane == 0) {
       wgmma::MbarArriveExpectTx(sm.Full(s), a_bytes + s_bytes + b_bytes);
       wgmma::BulkLoad(sm.A(s), gmem_a + static_cast<int64_t>(kt) * a_bytes, a_bytes, sm.Full(s));
@@ -283,7 +290,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // B rows are the tile's sorted positions for both GEMMs: no per-column row table.
   if (!ReadTile<Cfg::kBlockN, kFc1>(p, tid, Cfg::kThreads, nullptr, &tc)) return;  // (a barrier)
   const int k_tiles = static_cast<int>(p.a_shape.col_tiles);
-  const int groups = static_cast<int>(p.a_shape.GroupsInBlock(tc.group0 / kBlockRowGroups));
+  const int groups = GroupsOf(p, tc);
   const int width = TileWidth<Cfg::kBlockN>(tc.n_valid);
 
   if (role == 0) {
@@ -387,9 +394,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   __syncthreads();
   ptx::EnterPipelineKernel();
   const int k_tiles = static_cast<int>(p.a_shape.col_tiles);
-  auto groups_of = [&](const TileCoords& tc) {
-    return static_cast<int>(p.a_shape.GroupsInBlock(tc.group0 / kBlockRowGroups));
-  };
 
   if (role == 0) {
     wgmma::RegDealloc<Layout::kProducerRegs>();
@@ -401,13 +405,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       for (int n = 0;; ++n) {
         if (lane == 0) ring[n % Layout::kRingSlots] = item < items ? item : Layout::kNoItem;
         if (item >= items) {
-          const int s = step % Cfg::kStages;
-          if (step >= Cfg::kStages) wgmma::MbarWait(sm.Empty(s), ((step / Cfg::kStages) - 1) & 1);
-          if (lane == 0) wgmma::MbarArrive(sm.Full(s));
+          sm.WaitFree(step);
+          if (lane == 0) wgmma::MbarArrive(sm.Full(step % Cfg::kStages));
           break;
         }
         const TileCoords tc = TileOf<Cfg::kBlockN>(p, item);
-        ProduceTile(p, tc, sm, &map_wide, &map_narrow, groups_of(tc),
+        ProduceTile(p, tc, sm, &map_wide, &map_narrow, GroupsOf(p, tc),
                     TileWidth<Cfg::kBlockN, Layout::kMinWidth>(tc.n_valid), k_tiles, step, lane);
         step += k_tiles;
         uint32_t next = 0;
@@ -420,7 +423,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         const uint32_t item = ring[n % Layout::kRingSlots];
         if (item == Layout::kNoItem) break;
         const TileCoords tc = TileOf<Cfg::kBlockN>(p, item);
-        QuantizeStagedActs(p, tc, groups_of(tc), plane, warp - 1, Layout::kEpilogueWarps, lane);
+        QuantizeStagedActs(p, tc, GroupsOf(p, tc), plane, warp - 1, Layout::kEpilogueWarps, lane);
         wgmma::MbarArrive(bar_free);
       }
     }
@@ -432,7 +435,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   int step = 0;
   for (int n = 0;; ++n) {
     // The item's first stage (or the end) is published: its id is in the ring.
-    wgmma::MbarWait(sm.Full(step % Cfg::kStages), (step / Cfg::kStages) & 1);
+    sm.WaitLoaded(step);
     const uint32_t item = ring[n % Layout::kRingSlots];
     // "staged" advances one phase at a time: the epilogue warps are done with the previous item
     // (and so waiting for this one) before the consumers arrive again.
@@ -446,7 +449,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     {
       const TileCoords tc = TileOf<Cfg::kBlockN>(p, item);
       width = TileWidth<Cfg::kBlockN, Layout::kMinWidth>(tc.n_valid);
-      active = FragRowGroup<Cfg::kMFrags, Cfg::kConsumers>(warp, wg, 0) < groups_of(tc);
+      active = FragRowGroup<Cfg::kMFrags, Cfg::kConsumers>(warp, wg, 0) < GroupsOf(p, tc);
     }
     const ConsumerArgs c{k_tiles, warp, wg, lane, active, step};
     ConsumeTileOfWidth<Cfg, Layout::kMinWidth>(width, sm, c, [&](const auto& acc) {

@@ -31,6 +31,11 @@ __device__ __forceinline__ TileCoords TileOf(const GemmParams& p, uint32_t item)
   return tc;
 }
 
+// The real row groups (of 16 rows) of a tile's block: kBlockRowGroups, or fewer in the last block.
+__device__ __forceinline__ int GroupsOf(const GemmParams& p, const TileCoords& tc) {
+  return static_cast<int>(p.a_shape.GroupsInBlock(tc.group0 / kBlockRowGroups));
+}
+
 // The CTA's tile, item blockIdx.x (TileOf). Unless smem_rows is null, fills smem_rows[n] with the
 // B source row of tile column n (-1 past the segment). Returns false for CTAs past the real tile
 // count (the grid is sized for the worst case before the routing is known). Ends with a barrier.
@@ -75,7 +80,7 @@ struct StepLoader {
   __device__ __forceinline__ void Init(const GemmParams& p, const TileCoords& tc, const int32_t* smem_rows,
                                        int tid) {
     const PackedShape& shape = p.a_shape;
-    groups = static_cast<int>(shape.GroupsInBlock(tc.group0 / kBlockRowGroups));
+    groups = GroupsOf(p, tc);
     const int64_t first_tile = static_cast<int64_t>(tc.expert) * shape.Tiles() + shape.TileIndex(tc.group0, 0);
     src_a = p.a_tiles + first_tile * kTileBytes + tid * 16;
     src_s = p.a_scales + first_tile * kTileScaleBytes + tid * 16;
