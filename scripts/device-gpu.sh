@@ -42,9 +42,33 @@ if want build || want test || want sanitize || want bench || want profile || wan
   fi
 fi
 
+# Runs "$@" (a test binary) for at most $1 seconds with its output in $2. Every 20 s it notes the GPU's
+# utilization and the test running; at the deadline it saves every host thread's stack (gdb) and
+# the GPU's state before killing it, so a stall says whether the host or the device was waiting.
+watched() {
+  local limit=$1 log=$2; shift 2
+  "$@" >"$log" 2>&1 &
+  local pid=$! t=0
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 2; t=$((t + 2))
+    if (( t % 20 == 0 )); then
+      echo "watch t=${t}s gpu=$(nvidia-smi --query-gpu=utilization.gpu,power.draw --format=csv,noheader 2>/dev/null) cpu%=$(ps -o %cpu= -p "$pid" 2>/dev/null) test=$(grep -E '^\[ RUN' "$log" | tail -1 | awk '{print $NF}')" >>"$OUT/watch.log"
+    fi
+    if (( t >= limit )); then
+      note "STALL: $(grep -E '^\[ RUN' "$log" | tail -1 | awk '{print $NF}') still running after ${t} s; host stacks in stall_stacks.txt, GPU in watch.log"
+      nvidia-smi >>"$OUT/watch.log" 2>&1
+      local dbg; dbg=$(command -v gdb || command -v cuda-gdb)
+      [ -n "$dbg" ] && timeout 60 "$dbg" -batch -p "$pid" -ex "thread apply all bt 12" >"$OUT/stall_stacks.txt" 2>&1
+      kill -9 "$pid"; wait "$pid" 2>/dev/null
+      return 124
+    fi
+  done
+  wait "$pid"
+}
+
 if want test; then
   t0=$(secs)
-  timeout "${TEST_TIMEOUT:-240}" "$BUILD/bin/mxmoe_gpu_tests" --gtest_filter="${GTEST_FILTER:-*}" >"$OUT/tests.log" 2>&1
+  watched "${TEST_TIMEOUT:-240}" "$OUT/tests.log" "$BUILD/bin/mxmoe_gpu_tests" --gtest_filter="${GTEST_FILTER:-*}"
   rc=$?
   note "tests: rc=$rc in $(( $(secs) - t0 )) s; $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]+ test' "$OUT/tests.log" | tr '\n' ' ')"
   grep -E "^\[  FAILED  \] [A-Z]" "$OUT/tests.log" | sort -u | head -20 | tee -a "$SUMMARY"

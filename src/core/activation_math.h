@@ -10,11 +10,24 @@
 
 namespace mxmoe {
 
-MXMOE_HD float act_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+// a / b. Device code multiplies by an approximate reciprocal (__fdividef: rcp.approx, within 2 ulp):
+// the IEEE division is ~10 instructions with a slow path, and the FC1 epilogues that apply the
+// activation are bound by instruction issue (docs/perf-log.md, v9). The CPU divides exactly; the
+// GPU suite's tolerance covers a few ulp of the activation (tests/gpu/tolerance.h, (b)). (A divisor
+// above 2^126, 1 + e^-x for x < -87, gives 0 where the exact quotient is below 2^-126.)
+MXMOE_HD float act_div(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdividef(a, b);
+#else
+  return a / b;
+#endif
+}
+
+MXMOE_HD float act_sigmoid(float x) { return act_div(1.0f, 1.0f + expf(-x)); }
 
 // Situ (Kimi-K3): beta*tanh(g/beta)*sigmoid(g) * beta_lin*tanh(u/beta_lin); |act| <= beta*beta_lin.
 MXMOE_HD float act_situ(float g, float u, float beta, float linear_beta) {
-  return beta * tanhf(g / beta) * act_sigmoid(g) * (linear_beta * tanhf(u / linear_beta));
+  return beta * tanhf(act_div(g, beta)) * act_sigmoid(g) * (linear_beta * tanhf(act_div(u, linear_beta)));
 }
 
 MXMOE_HD float act_swiglu(float g, float u) { return g * act_sigmoid(g) * u; }

@@ -52,10 +52,12 @@ __device__ __forceinline__ float AmaxTerm(float a) {
 // of SASS against FC2's ~7 K; perf-log v6). Staged, one loop serves every tile width:
 //   1. every thread writes its gate and up accumulators into two fp32 planes [kBlockN][kStagedStride]
 //      (row = token column, index = the block's intermediate index 8 rg + g);
-//   2. every warp takes (token column, MX block) items: lane j computes intermediate index 32 b + j,
-//      the warp reduces the block's amax with shuffles and stores 32 consecutive bf16 of h.
+//   2. every warp takes whole token columns (RequantizeColumns): lane l computes intermediates
+//      64 h + 2 l, +1 (h = 0, 1), each half-warp reduces its MX block's amax with shuffles, and
+//      the warp stores 64 consecutive bf16 of h per h.
 // The stride 132 = 128 + 4 keeps step 1 free of bank conflicts (a warp writes 8 consecutive indices
-// of 4 columns two apart: 2 * 132 * 4 bytes apart = 8 banks) and step 2 reads 32 consecutive floats.
+// of 4 columns two apart: 2 * 132 * 4 bytes apart = 8 banks) and step 2 reads 64 consecutive floats
+// (8-byte aligned pairs: 132 is even).
 inline constexpr int kStagedStride = kBlockRowGroups * 8 + 4;
 
 template <int kBlockN>
@@ -83,45 +85,51 @@ __device__ __forceinline__ void StageFc1(const float (&acc)[kMFrags][kNTiles][4]
   }
 }
 
-// Four independent items per pass (eight measured no faster: perf-log v6.2); items are warp-uniform,
-// so the validity branches do not diverge.
-inline constexpr int kEpilogueIlp = 4;
+// Step 2, the MXFP8 re-quantization of a tile's token columns by `warps` warps with ids
+// 0 .. warps - 1. Lane l of a warp holds the intermediates 64 h + 2 l and 64 h + 2 l + 1 (h = 0, 1)
+// of a column, value(col, idx) giving both as a float2: half-warp l / 16 holds MX block 2 h + l / 16,
+// whose amax takes four shuffles, and each lane stores its two values as one bf16x2 into
+// h[sorted position, i]. A warp takes kEpilogueCols columns per pass for independent work. (The
+// version before, one value per lane and item = column * blocks + block, spent ~220 instructions per
+// value with the Situ activation and the FC1 kernels a third of their time here: perf-log v9.)
+inline constexpr int kEpilogueCols = 2;
 
-// The MXFP8 re-quantization of a tile's (token column, MX block) items by `warps` warps with ids
-// 0 .. warps - 1: lane j of an item holds value(col, idx) for intermediate index idx = 32 b + j of
-// block b; the warp reduces the block's amax, and the dequantized value is stored as bf16 into
-// h[sorted position, i].
 template <class Value>
-__device__ __forceinline__ void RequantizeItems(const GemmParams& p, const TileCoords& tc, int groups, int warp_id,
-                                                int warps, int lane, const Value& value) {
-  constexpr int kIlp = kEpilogueIlp;
+__device__ __forceinline__ void RequantizeColumns(const GemmParams& p, const TileCoords& tc, int groups,
+                                                  int warp_id, int warps, int lane, const Value& value) {
+  constexpr int kCols = kEpilogueCols;
   const int blocks = groups / kWarpRowGroups;  // rows are padded to 64: whole MX blocks of 32
-  const int items = tc.n_valid * blocks;
-  const int64_t i0 = tc.group0 * 8;  // the block's first intermediate index
-  for (int base = warp_id * kIlp; base < items; base += warps * kIlp) {
-    float a[kIlp], m[kIlp];
-    int col[kIlp], idx[kIlp];
+  // NOTE: h is 256-byte aligned and its stride a multiple of 64 (cuda_moe.cu): bf16x2 stores align.
+  uint16_t* const h_tile = p.h + static_cast<int64_t>(tc.seg_begin) * p.h_stride + tc.group0 * 8;
+  for (int col0 = warp_id * kCols; col0 < tc.n_valid; col0 += warps * kCols) {
+    float2 v[kCols][2];
+    float m[kCols][2];
+    bool real[kCols][2];
 #pragma unroll
-    for (int j = 0; j < kIlp; ++j) {
-      const int item = base + j < items ? base + j : items - 1;  // placeholders store nothing
-      col[j] = item / blocks;
-      idx[j] = (item - col[j] * blocks) * 32 + lane;
-      a[j] = value(col[j], idx[j]);
-      m[j] = AmaxTerm(a[j]);
-    }
+    for (int c = 0; c < kCols; ++c)
 #pragma unroll
-    for (int off = 1; off < 32; off <<= 1)
+      for (int h = 0; h < 2; ++h) {
+        real[c][h] = col0 + c < tc.n_valid && 2 * h + (lane >> 4) < blocks;
+        v[c][h] = real[c][h] ? value(col0 + c, 64 * h + 2 * lane) : make_float2(0.0f, 0.0f);
+        m[c][h] = fmaxf(AmaxTerm(v[c][h].x), AmaxTerm(v[c][h].y));
+      }
 #pragma unroll
-      for (int j = 0; j < kIlp; ++j) m[j] = fmaxf(m[j], __shfl_xor_sync(0xFFFFFFFFu, m[j], off));
+    for (int off = 1; off < 16; off <<= 1)
 #pragma unroll
-    for (int j = 0; j < kIlp; ++j) {
-      if (base + j >= items) break;
-      const bool finite = m[j] <= FLT_MAX;
-      const int s = mxfp8_scale_exponent(finite ? m[j] : 0.0f);
-      const float scale = ue8m0_to_float(finite ? static_cast<uint8_t>(s + 127) : kUe8m0Nan);
-      p.h[static_cast<int64_t>(tc.seg_begin + col[j]) * p.h_stride + i0 + idx[j]] =
-          float_to_bf16(QuantizeE4m3Units(a[j], s) * scale);
-    }
+      for (int c = 0; c < kCols; ++c)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) m[c][h] = fmaxf(m[c][h], __shfl_xor_sync(0xFFFFFFFFu, m[c][h], off));
+#pragma unroll
+    for (int c = 0; c < kCols; ++c)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (!real[c][h]) continue;
+        // A block holding NaN or Inf has a NaN scale: all its values are NaN.
+        const uint32_t out = m[c][h] <= FLT_MAX
+                                 ? DequantizedMxfp8PairBf16(v[c][h].x, v[c][h].y, Mxfp8ScaleExponent(m[c][h]))
+                                 : 0x7FFF7FFFu;
+        *reinterpret_cast<uint32_t*>(h_tile + static_cast<int64_t>(col0 + c) * p.h_stride + 64 * h + 2 * lane) = out;
+      }
   }
 }
 
@@ -132,12 +140,17 @@ __device__ __forceinline__ void RequantizeStaged(const GemmParams& p, const Tile
   const ExpertParams ep = p.experts[tc.expert];
   const float* up = staged + kBlockN * kStagedStride;
   const int64_t bias0 = static_cast<int64_t>(tc.expert) * (p.a_shape.rows / 2) + tc.group0 * 8;
-  RequantizeItems(p, tc, groups, warp_id, warps, lane, [&](int col, int idx) {
-    float gv = staged[col * kStagedStride + idx] * ep.fc1_scale;  // a power of two: exact
-    float uv = up[col * kStagedStride + idx] * ep.fc1_scale;
-    if (ep.has_gate_bias) gv += p.gate_bias[bias0 + idx];  // (adding 0 would turn -0 into +0)
-    if (ep.has_up_bias) uv += p.up_bias[bias0 + idx];
-    return apply_activation(kAct, gv, uv, ep.act);
+  RequantizeColumns(p, tc, groups, warp_id, warps, lane, [&](int col, int idx) {
+    const float2 g2 = *reinterpret_cast<const float2*>(staged + col * kStagedStride + idx);
+    const float2 u2 = *reinterpret_cast<const float2*>(up + col * kStagedStride + idx);
+    const auto act = [&](float gv, float uv, int i) {
+      gv *= ep.fc1_scale;  // a power of two: exact
+      uv *= ep.fc1_scale;
+      if (ep.has_gate_bias) gv += p.gate_bias[bias0 + i];  // (adding 0 would turn -0 into +0)
+      if (ep.has_up_bias) uv += p.up_bias[bias0 + i];
+      return apply_activation(kAct, gv, uv, ep.act);
+    };
+    return make_float2(act(g2.x, u2.x, idx), act(g2.y, u2.y, idx + 1));
   });
 }
 
@@ -180,8 +193,9 @@ inline constexpr int kActStagedBytes = kBlockN * kStagedStride * 4;
 // warps with ids 0 .. warps - 1.
 __device__ __forceinline__ void QuantizeStagedActs(const GemmParams& p, const TileCoords& tc, int groups,
                                                    const float* staged, int warp_id, int warps, int lane) {
-  RequantizeItems(p, tc, groups, warp_id, warps, lane,
-                  [&](int col, int idx) { return staged[col * kStagedStride + idx]; });
+  RequantizeColumns(p, tc, groups, warp_id, warps, lane, [&](int col, int idx) {
+    return *reinterpret_cast<const float2*>(staged + col * kStagedStride + idx);
+  });
 }
 
 // FC1: activation of (gate, up) and MXFP8 re-quantization of the intermediate into h[sorted
