@@ -122,7 +122,7 @@ fi
 if want kprofile; then
   # Kernel durations of the prefill GEMMs per config (Nsight Compute, clocks left alone): FC1 and
   # FC2 of the bench's check run, Kimi-K3 shape with 128 experts, T = 4096.
-  for cfg in ${BENCH_CONFIGS:-n32 wg128 wg128d}; do
+  for cfg in ${BENCH_CONFIGS:-n32 wg128 wg128d wg128d8}; do
     MXMOE_GEMM_CONFIG=$cfg timeout 90 ncu --clock-control none -k regex:'Moe(Gemm|Wgmma)Kernel' --metrics gpu__time_duration.sum -c 2 \
       "$BUILD/bin/mxmoe" bench --shapes kimi-k3 --routing uniform --experts 128 --tokens 4096 --repeats 1 --warmup 0 --no-graph \
       >"$OUT/kprofile_$cfg.log" 2>&1

@@ -150,13 +150,18 @@ struct GemmParams {
 };
 
 // mma.sync kernels (sm90/moe_gemm.cuh) and wgmma kernels (sm90/moe_wgmma.cuh), by BLOCK_N; wg128d
-// is wg128 with more MMAs in flight (forced only, not yet measured: perf-log v7.1).
-enum class GemmConfigId : int { kN8 = 0, kN32 = 1, kN64 = 2, kWg64 = 3, kWg128 = 4, kWg128d = 5 };
-inline constexpr int kNumGemmConfigs = 6;
+// is wg128 with more MMAs in flight (forced only; 1.5-4% faster per kernel: perf-log v8), wg128d8
+// wg128d with 8 stages, n32w n32 with MMAs only on the valid tokens (both forced only, not yet
+// measured: perf-log v9.1, v9.2).
+enum class GemmConfigId : int {
+  kN8 = 0, kN32 = 1, kN64 = 2, kWg64 = 3, kWg128 = 4, kWg128d = 5, kWg128d8 = 6, kN32w = 7
+};
+inline constexpr int kNumGemmConfigs = 8;
 // Whether a config's FC1 reads its tokens as rows in sorted order (LaunchGatherRows first) rather
 // than gathering them from xq itself.
 inline constexpr bool GemmLoadsSortedRows(GemmConfigId id) {
-  return id == GemmConfigId::kWg64 || id == GemmConfigId::kWg128 || id == GemmConfigId::kWg128d;
+  return id == GemmConfigId::kWg64 || id == GemmConfigId::kWg128 || id == GemmConfigId::kWg128d ||
+         id == GemmConfigId::kWg128d8;
 }
 
 struct GemmConfigInfo {

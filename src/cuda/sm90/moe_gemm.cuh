@@ -33,7 +33,9 @@
 namespace mxmoe::cuda::sm90 {
 
 // ---- config -----------------------------------------------------------------------------------
-template <int kBlockN_, int kStages_, int kKSub_>
+// kAdaptiveWidth: the MMAs cover only the tile's valid tokens rounded up to 8 (one instantiation of
+// the step per 8-token count) instead of all BLOCK_N columns.
+template <int kBlockN_, int kStages_, int kKSub_, bool kAdaptiveWidth_ = false>
 struct GemmConfig {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = 32 * kWarps;
@@ -44,6 +46,7 @@ struct GemmConfig {
   static constexpr int kNTiles = kBlockN / 8;  // 8-token MMA tiles
   static constexpr int kBlockK = kTileCols;  // one 64-wide step of 4 MMA k16 steps
   static constexpr int kKSub = kKSub_;       // steps per pipeline stage (one barrier each)
+  static constexpr bool kAdaptiveWidth = kAdaptiveWidth_;
   static constexpr int kStages = kStages_;
   static constexpr int kSubA = kBlockGroups * kTileBytes;
   static constexpr int kSubScales = kBlockGroups * kTileScaleBytes;
@@ -70,8 +73,9 @@ __device__ __forceinline__ uint32_t WordOf(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// Half of a 64-wide step: k16 steps 2*kHalf and 2*kHalf+1, which share the 32-block kHalf.
-template <class Cfg, int kHalf>
+// Half of a 64-wide step: k16 steps 2*kHalf and 2*kHalf+1, which share the 32-block kHalf, on the
+// first kNT 8-token MMA tiles.
+template <class Cfg, int kHalf, int kNT>
 __device__ __forceinline__ void ComputeHalfStep(const uint4 (&frag_a)[Cfg::kMFrags],
                                                 const uint32_t (&frag_s)[Cfg::kMFrags],
                                                 const uint8_t* smem_b, int lane,
@@ -79,9 +83,9 @@ __device__ __forceinline__ void ComputeHalfStep(const uint4 (&frag_a)[Cfg::kMFra
   // B fragments: matrix q of the x4 load is 16-byte unit 4*kHalf + q of token row nt*8 + r,
   // i.e. (b0, b1) of step 2*kHalf, then (b0, b1) of step 2*kHalf + 1.
   const int r = lane & 7, q = lane >> 3;
-  uint32_t frag_b[Cfg::kNTiles][4];
+  uint32_t frag_b[kNT][4];
 #pragma unroll
-  for (int nt = 0; nt < Cfg::kNTiles; ++nt) {
+  for (int nt = 0; nt < kNT; ++nt) {
     const int unit = 4 * kHalf + q;
     ptx::LdMatrixX4(frag_b[nt], smem_b + (nt * 8 + r) * 128 + ((unit ^ r) << 4));
   }
@@ -98,13 +102,13 @@ __device__ __forceinline__ void ComputeHalfStep(const uint4 (&frag_a)[Cfg::kMFra
       a[2] = ptx::MulBf16x2(raw[2], scale_lo);
       a[3] = ptx::MulBf16x2(raw[3], scale_hi);
 #pragma unroll
-      for (int nt = 0; nt < Cfg::kNTiles; ++nt)
+      for (int nt = 0; nt < kNT; ++nt)
         ptx::MmaBf16(acc[f][nt], a, frag_b[nt][2 * s], frag_b[nt][2 * s + 1]);
     }
   }
 }
 
-template <class Cfg>
+template <class Cfg, int kNT>
 __device__ __forceinline__ void ComputeStep(const uint8_t* smem_a, const uint8_t* smem_s,
                                             const uint8_t* smem_b, int warp, int lane,
                                             float (&acc)[Cfg::kMFrags][Cfg::kNTiles][4]) {
@@ -117,8 +121,22 @@ __device__ __forceinline__ void ComputeStep(const uint8_t* smem_a, const uint8_t
     frag_a[f] = *reinterpret_cast<const uint4*>(smem_a + group * kTileBytes + lane * 16);
     frag_s[f] = *reinterpret_cast<const uint32_t*>(smem_s + group * kTileScaleBytes + g * 4);
   }
-  ComputeHalfStep<Cfg, 0>(frag_a, frag_s, smem_b, lane, acc);
-  ComputeHalfStep<Cfg, 1>(frag_a, frag_s, smem_b, lane, acc);
+  ComputeHalfStep<Cfg, 0, kNT>(frag_a, frag_s, smem_b, lane, acc);
+  ComputeHalfStep<Cfg, 1, kNT>(frag_a, frag_s, smem_b, lane, acc);
+}
+
+// ComputeStep on the tile's first n_tiles MMA tiles (uniform over the CTA), one instantiation per
+// count, for configs with kAdaptiveWidth; the others run all kNTiles.
+template <class Cfg, int kNT = 1>
+__device__ __forceinline__ void ComputeStepOfWidth(int n_tiles, const uint8_t* smem_a, const uint8_t* smem_s,
+                                                   const uint8_t* smem_b, int warp, int lane,
+                                                   float (&acc)[Cfg::kMFrags][Cfg::kNTiles][4]) {
+  if constexpr (!Cfg::kAdaptiveWidth || kNT >= Cfg::kNTiles) {
+    ComputeStep<Cfg, Cfg::kNTiles>(smem_a, smem_s, smem_b, warp, lane, acc);
+  } else {
+    if (n_tiles <= kNT) ComputeStep<Cfg, kNT>(smem_a, smem_s, smem_b, warp, lane, acc);
+    else ComputeStepOfWidth<Cfg, kNT + 1>(n_tiles, smem_a, smem_s, smem_b, warp, lane, acc);
+  }
 }
 
 // ---- kernel -----------------------------------------------------------------------------------
@@ -159,6 +177,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
 
   // Rows are padded to 64 per warp, so a warp's 4 row tiles are all real or all padding.
   const bool warp_active = warp * Cfg::kMFrags < groups;
+  const int n_tiles = (tc.n_valid + 7) / 8;  // MMA tiles with a real column (kAdaptiveWidth)
 
   const int chunks = (k_tiles + Cfg::kKSub - 1) / Cfg::kKSub;
 #pragma unroll
@@ -177,8 +196,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
 #pragma unroll
       for (int j = 0; j < Cfg::kKSub; ++j) {
         if (chunk * Cfg::kKSub + j >= k_tiles) break;
-        ComputeStep<Cfg>(stage + j * Cfg::kSubA, stage + Cfg::kSmemA + j * Cfg::kSubScales,
-                         stage + Cfg::kSmemA + Cfg::kSmemScales + j * Cfg::kSubB, warp, lane, acc);
+        ComputeStepOfWidth<Cfg>(n_tiles, stage + j * Cfg::kSubA, stage + Cfg::kSmemA + j * Cfg::kSubScales,
+                                stage + Cfg::kSmemA + Cfg::kSmemScales + j * Cfg::kSubB, warp, lane, acc);
       }
     }
   }
@@ -222,5 +241,8 @@ GemmConfigInfo InfoOf(const char* name) {
 using ConfigN8 = GemmConfig<8, 6, 1>;    // decode: 1-8 tokens per expert, weights streamed from HBM
 using ConfigN32 = GemmConfig<32, 4, 1>;  // tens of tokens per expert
 using ConfigN64 = GemmConfig<64, 3, 2>;  // prefill
+// n32 with MMAs only on the tile's valid tokens (at T = 1024, ~18 of 32 columns are real: perf-log
+// v9.2); forced only (MXMOE_GEMM_CONFIG=n32w) until measured.
+using ConfigN32Adaptive = GemmConfig<32, 4, 1, true>;
 
 }  // namespace mxmoe::cuda::sm90

@@ -544,5 +544,9 @@ using ConfigWg128 = WgmmaConfig<128, 6>;  // the widest tile: the least dequanti
 // wg128 with 3 MMA groups in flight per consumer warpgroup (perf-log v7.1: the main loop keeps the
 // tensor pipe busy under half the time); forced only (MXMOE_GEMM_CONFIG=wg128d) until measured.
 using ConfigWg128Deep = WgmmaConfig<128, 6, 3>;
+// wg128d with 8 stages (205 KB of shared memory): a third more weight bytes in flight per SM
+// (perf-log v9: at T = 4096 FC2's loads and MMAs look serialized); forced only
+// (MXMOE_GEMM_CONFIG=wg128d8) until measured.
+using ConfigWg128Deep8 = WgmmaConfig<128, 8, 3>;
 
 }  // namespace mxmoe::cuda::sm90
