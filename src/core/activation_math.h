@@ -13,8 +13,9 @@ namespace mxmoe {
 // a / b. Device code multiplies by an approximate reciprocal (__fdividef: rcp.approx, within 2 ulp):
 // the IEEE division is ~10 instructions with a slow path, and the FC1 epilogues that apply the
 // activation are bound by instruction issue (docs/perf-log.md, v9). The CPU divides exactly; the
-// GPU suite's tolerance covers a few ulp of the activation (tests/gpu/tolerance.h, (b)). (A divisor
-// above 2^126, 1 + e^-x for x < -87, gives 0 where the exact quotient is below 2^-126.)
+// GPU suite's tolerance covers a few ulp of the activation (tests/gpu/tolerance.h, (b)). A divisor
+// above 2^126 gives 0: 1 + e^-x for x < -87, where the exact quotient is below 2^-126 anyway, and
+// Situ betas above 2^126, which ExpertSet validation refuses (core/moe.cpp).
 MXMOE_HD float act_div(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fdividef(a, b);

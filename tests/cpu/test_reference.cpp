@@ -830,6 +830,12 @@ TEST(ReferenceValidation, ActivationParameters) {
     ExpectRefused(c, {"beta"}, "linear_beta NaN");
   }
   {
+    // Above 2^126 the device's approximate division gives 0 (activation_math.h, act_div).
+    Call c(shape);
+    c.experts.activation.params.beta = 0x1p127f;
+    ExpectRefused(c, {"beta", "2^126"}, "beta = 2^127");
+  }
+  {
     Call c(shape);
     c.experts.activation.per_expert.assign(3, ActParams{});
     ExpectRefused(c, {"per-expert", "3"}, "3 per-expert entries for 4 experts");
