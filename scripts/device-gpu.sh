@@ -168,8 +168,8 @@ fi
 # stall, per SASS instruction (Nsight Compute's PC sampling; clocks left alone), Kimi-K3 shape with
 # 128 experts, T = 4096, the kernel the environment picks (MXMOE_FC1_PERSISTENT, MXMOE_GEMM_CONFIG,
 # default wg128): $OUT/sprofile.csv, and the instructions with the most samples
-# (scripts/sprofile_top.py, which also reads the CSV on any machine). Not yet run on the device:
-# the export's flags (--page source --print-source sass) are unchecked there.
+# (scripts/sprofile_top.py, which also reads the CSV on any machine). First run on the device in
+# perf-log v8.
 if named sprofile; then
   t0=$(secs)
   rep=/tmp/mxmoe_sprofile

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cuda/heuristics.h"
+#include "cuda/launch_util.cuh"
 #include "cuda/moe_kernels.h"
 #include "cuda/sm120/sm120_kernels.h"
 #include "cuda/weight_layout.h"
@@ -213,7 +214,7 @@ class Sm90Path final : public KernelPath {
     g1.b = reinterpret_cast<const uint16_t*>(call.xq);
     g1.b_stride = XStride();
     g1.b_rows = call.chunk_tokens;
-    if (cuda::GemmLoadsSortedRows(id)) {
+    if (cuda::GemmInfo(id).loads_sorted_rows) {
       // The wgmma kernels load a tile's tokens as one box: gather them in sorted order first, into
       // y's space (y is written only by FC2, and a bf16 row of XStride() fits in an fp32 row of K).
       uint16_t* xs = reinterpret_cast<uint16_t*>(call.y);
@@ -475,8 +476,7 @@ Status CudaMoeImpl::Init(const ExpertSet& experts, int device) {
   MXMOE_RETURN_IF_ERROR(errors_.Allocate(sizeof(unsigned long long), "the error word"));
   MXMOE_RETURN_IF_ERROR(CudaCheck(cudaMemset(errors_.ptr, 0, errors_.bytes), "clearing the error word"));
   MXMOE_RETURN_IF_ERROR(CudaCheck(cudaDeviceSynchronize(), "clearing the error word"));
-  const char* debug_env = std::getenv("MXMOE_DEBUG_CHECK");
-  debug_check_ = debug_env != nullptr && std::string(debug_env) == "1";
+  debug_check_ = cuda::EnvFlagIs("MXMOE_DEBUG_CHECK", "1");
   int pageable = 0;
   MXMOE_RETURN_IF_ERROR(CudaCheck(cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, device),
                                   "cudaDeviceGetAttribute(PageableMemoryAccess)"));

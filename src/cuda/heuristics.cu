@@ -8,15 +8,14 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "cuda/launch_util.cuh"
+
 namespace mxmoe::cuda {
 
 namespace {
 
 bool DebugHeuristics() {
-  static const bool on = [] {
-    const char* v = std::getenv("MXMOE_DEBUG_HEURISTICS");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
+  static const bool on = EnvFlagIs("MXMOE_DEBUG_HEURISTICS", "1");
   return on;
 }
 

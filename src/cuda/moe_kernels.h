@@ -157,12 +157,6 @@ enum class GemmConfigId : int {
   kN8 = 0, kN32 = 1, kN64 = 2, kWg64 = 3, kWg128 = 4, kWg128d = 5, kWg128d8 = 6, kN32w = 7
 };
 inline constexpr int kNumGemmConfigs = 8;
-// Whether a config's FC1 reads its tokens as rows in sorted order (LaunchGatherRows first) rather
-// than gathering them from xq itself.
-inline constexpr bool GemmLoadsSortedRows(GemmConfigId id) {
-  return id == GemmConfigId::kWg64 || id == GemmConfigId::kWg128 || id == GemmConfigId::kWg128d ||
-         id == GemmConfigId::kWg128d8;
-}
 
 struct GemmConfigInfo {
   const char* name;
@@ -171,6 +165,9 @@ struct GemmConfigInfo {
   int threads;
   int stages;
   int smem_bytes;
+  // FC1 reads its tokens as rows in sorted order (LaunchGatherRows first: the wgmma kernels)
+  // rather than gathering them from xq itself (the mma.sync kernels).
+  bool loads_sorted_rows;
 };
 GemmConfigInfo GemmInfo(GemmConfigId id);
 // Raises the dynamic shared memory limit of every GEMM kernel (once per device, at Create).

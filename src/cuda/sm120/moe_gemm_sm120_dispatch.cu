@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "cuda/launch_util.cuh"
 #include "cuda/sm120/sm120_kernels.h"
 
 namespace mxmoe::cuda::sm120 {
@@ -65,10 +66,7 @@ GemmConfigId ChooseGemmConfig(double pairs_per_expert) {
   GemmConfigId id = pairs_per_expert <= 16.0 ? GemmConfigId::kM16 : GemmConfigId::kM64;
   const int forced = ForcedConfig().load();
   if (forced >= 0) id = static_cast<GemmConfigId>(forced);
-  static const bool debug = [] {
-    const char* v = std::getenv("MXMOE_DEBUG_HEURISTICS");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
+  static const bool debug = EnvFlagIs("MXMOE_DEBUG_HEURISTICS", "1");
   if (debug) {
     const GemmConfigInfo info = GemmInfo(id);
     std::fprintf(stderr,

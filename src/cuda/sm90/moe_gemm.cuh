@@ -234,7 +234,7 @@ cudaError_t LaunchGemmConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, c
 
 template <class Cfg>
 GemmConfigInfo InfoOf(const char* name) {
-  return {name, Cfg::kBlockM, Cfg::kBlockN, Cfg::kThreads, Cfg::kStages, Cfg::kSmemBytes};
+  return {name, Cfg::kBlockM, Cfg::kBlockN, Cfg::kThreads, Cfg::kStages, Cfg::kSmemBytes, false};
 }
 
 // The instantiations, one per translation unit (moe_gemm_n*.cu).

@@ -491,10 +491,9 @@ template <class Cfg>
 cudaError_t PrepareWgmmaConfig() {
   cudaError_t e = AllowDynamicSmem(MoeWgmmaKernel<Cfg, true>, MoeWgmmaKernel<Cfg, false>, Cfg::kSmemBytes);
   if constexpr (HasPersistentFc1<Cfg>) {  // (prepared whether on or not: it may be turned on later)
-    for (const ActivationType act : {ActivationType::Situ, ActivationType::Swiglu, ActivationType::SwigluBias,
-                                     ActivationType::Geglu, ActivationType::GegluTanh})
-      if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(PersistentFc1KernelOf<Cfg>(act), cudaFuncAttributeMaxDynamicSharedMemorySize,
+    for (int a = 0; e == cudaSuccess && a < static_cast<int>(ActivationType::InvalidType); ++a)
+      if (const auto kernel = PersistentFc1KernelOf<Cfg>(static_cast<ActivationType>(a)))
+        e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  PersistentFc1Layout<Cfg>::kSmemBytes);
   }
   return e;
@@ -535,14 +534,14 @@ cudaError_t LaunchWgmmaConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, 
 
 template <class Cfg>
 GemmConfigInfo WgmmaInfoOf(const char* name) {
-  return {name, Cfg::kBlockM, Cfg::kBlockN, Cfg::kThreads, Cfg::kStages, Cfg::kSmemBytes};
+  return {name, Cfg::kBlockM, Cfg::kBlockN, Cfg::kThreads, Cfg::kStages, Cfg::kSmemBytes, true};
 }
 
 // The instantiations, one per translation unit (moe_wgmma_*.cu).
 using ConfigWg64 = WgmmaConfig<64, 8>;    // fewer idle columns when experts get 50-100 tokens
 using ConfigWg128 = WgmmaConfig<128, 6>;  // the widest tile: the least dequantization per FLOP
-// wg128 with 3 MMA groups in flight per consumer warpgroup (perf-log v7.1: the main loop keeps the
-// tensor pipe busy under half the time); forced only (MXMOE_GEMM_CONFIG=wg128d) until measured.
+// wg128 with 3 MMA groups in flight per consumer warpgroup: 1.5-4% faster per kernel on the H200
+// (perf-log v8); forced only (MXMOE_GEMM_CONFIG=wg128d) until the layer is measured with it.
 using ConfigWg128Deep = WgmmaConfig<128, 6, 3>;
 // wg128d with 8 stages (205 KB of shared memory): a third more weight bytes in flight per SM
 // (perf-log v9: at T = 4096 FC2's loads and MMAs look serialized); forced only
