@@ -131,9 +131,11 @@ if want kprofile; then
 fi
 if want dprofile; then
   # Decode: every kernel of one call (Nsight Compute, clocks left alone, caches flushed between
-  # kernels as the bench flushes L2): duration and DRAM throughput, T = 1 and 8, 896 experts.
+  # kernels as the bench flushes L2): duration and DRAM throughput, T = 1 and 8, 896 experts
+  # (DPROFILE_TOKENS; DPROFILE_KERNELS=regex keeps the kernels whose names match, e.g. not the
+  # weight repack; DPROFILE_COUNT=N stops after N of them, e.g. before the check's reference).
   for t in ${DPROFILE_TOKENS:-1 8}; do
-    timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size \
+    timeout 120 ncu --clock-control none ${DPROFILE_COUNT:+-c $DPROFILE_COUNT} ${DPROFILE_KERNELS:+-k regex:$DPROFILE_KERNELS} --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size \
       "$BUILD/bin/mxmoe" bench --shapes kimi-k3 --routing uniform --tokens "$t" --repeats 1 --warmup 0 --no-graph \
       >"$OUT/dprofile_$t.log" 2>&1
     note "decode kernels (T = $t): rc=$?"

@@ -19,7 +19,7 @@ bool DebugHeuristics() {
   return on;
 }
 
-// MXMOE_GEMM_CONFIG=n8|n32|n32w|n64|wg64|wg128|wg128d|wg128d8 forces a config (for measuring them against each other).
+// MXMOE_GEMM_CONFIG=n8|n32|n64|wg64|wg128|wg128d|wg128d8 forces a config (for measuring them against each other).
 std::atomic<int>& ForcedConfig() {
   static std::atomic<int> forced{[] {
     const char* v = std::getenv("MXMOE_GEMM_CONFIG");
@@ -56,10 +56,12 @@ LaunchChoice ChooseLaunch(const LayerDims& dims, int64_t num_tokens, int64_t max
   // the read roofline at T = 1..128, n8 at 52-80% at T = 1 and 8; both removed since). From 32 pairs per expert
   // the 128-token wgmma tile, whose MMAs shrink to the tile's tokens; between, n32. Measured: T =
   // 1024 (18 pairs per expert) n32 6.77 ms, wg128 8.73 ms; T = 2048 (37) wg128 9.25 ms, n32 11.89 ms.
-  // n64 and wg64 are reachable only through MXMOE_GEMM_CONFIG.
+  // Of the 128-token tiles, wg128d8 (three MMA groups in flight, 8 stages) was the fastest at T =
+  // 2048, 4096 and 16384 (perf-log v10: 8.36 / 10.41 / 36.55 ms against wg128's 8.51 / 10.80 /
+  // 38.26). n64, wg64, wg128 and wg128d are reachable only through MXMOE_GEMM_CONFIG.
   if (c.pairs_per_expert <= 12.0) c.gemm = GemmConfigId::kN8;
   else if (c.pairs_per_expert < 32.0) c.gemm = GemmConfigId::kN32;
-  else c.gemm = GemmConfigId::kWg128;
+  else c.gemm = GemmConfigId::kWg128d8;
   const int forced = ForcedConfig().load(std::memory_order_relaxed);
   if (forced >= 0 && forced < kNumGemmConfigs) c.gemm = static_cast<GemmConfigId>(forced);
 

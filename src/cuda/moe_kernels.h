@@ -151,12 +151,11 @@ struct GemmParams {
 
 // mma.sync kernels (sm90/moe_gemm.cuh) and wgmma kernels (sm90/moe_wgmma.cuh), by BLOCK_N; wg128d
 // is wg128 with more MMAs in flight (forced only; 1.5-4% faster per kernel: perf-log v8), wg128d8
-// wg128d with 8 stages, n32w n32 with MMAs only on the valid tokens (both forced only, not yet
-// measured: perf-log v9.1, v9.2).
+// wg128d with 8 stages (forced only; perf-log v9.1, v10).
 enum class GemmConfigId : int {
-  kN8 = 0, kN32 = 1, kN64 = 2, kWg64 = 3, kWg128 = 4, kWg128d = 5, kWg128d8 = 6, kN32w = 7
+  kN8 = 0, kN32 = 1, kN64 = 2, kWg64 = 3, kWg128 = 4, kWg128d = 5, kWg128d8 = 6
 };
-inline constexpr int kNumGemmConfigs = 8;
+inline constexpr int kNumGemmConfigs = 7;
 
 struct GemmConfigInfo {
   const char* name;

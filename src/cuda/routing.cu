@@ -235,25 +235,40 @@ __global__ void __launch_bounds__(kCtaThreads) RouteSmallKernel(const RouteSmall
                                     p.tiles, p.num_tiles, storage.scan, carry);
 }
 
+// Up to kCombineBatch of a token's rows are loaded before any is added, so that many loads are in
+// flight per thread; the sum still runs in slot order.
+constexpr int kCombineBatch = 8;
+
 __global__ void __launch_bounds__(kThreads)
-    CombineKernel(const float* y, const int32_t* topk_ids, int64_t num_tokens, int32_t top_k,
-                  int64_t hidden, int64_t first_expert, int32_t num_local, OutputDType dtype, void* out) {
+    CombineKernel(const float* __restrict__ y, const int32_t* __restrict__ topk_ids, int64_t num_tokens,
+                  int32_t top_k, int64_t hidden, int64_t first_expert, int32_t num_local, OutputDType dtype,
+                  void* __restrict__ out) {
   ptx::EnterPipelineKernel();
   const int64_t per_row = hidden / 4;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (idx >= num_tokens * per_row) return;
   const int64_t t = idx / per_row, c4 = idx % per_row;
+  const float4* rows = reinterpret_cast<const float4*>(y) + t * top_k * per_row + c4;
   // The reference's order: acc = 0, then acc += w_j * y_j for j = 0..k-1 (w_j * y_j is in y).
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int j = 0; j < top_k; ++j) {
-    const int32_t id = topk_ids[t * top_k + j];
-    const int64_t local = static_cast<int64_t>(id) - first_expert;
-    if (id < 0 || local < 0 || local >= num_local) continue;
-    const float4 v = reinterpret_cast<const float4*>(y)[(t * top_k + j) * per_row + c4];
-    acc.x += v.x;
-    acc.y += v.y;
-    acc.z += v.z;
-    acc.w += v.w;
+  for (int j0 = 0; j0 < top_k; j0 += kCombineBatch) {
+    float4 v[kCombineBatch];
+    bool use[kCombineBatch];
+#pragma unroll
+    for (int b = 0; b < kCombineBatch; ++b) {
+      const int j = j0 + b;
+      const int64_t local = j < top_k ? static_cast<int64_t>(topk_ids[t * top_k + j]) - first_expert : -1;
+      use[b] = local >= 0 && local < num_local;  // ids of -1 and other ranks' experts add nothing
+      v[b] = use[b] ? __ldcs(rows + j * per_row) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int b = 0; b < kCombineBatch; ++b) {
+      if (!use[b]) continue;
+      acc.x += v[b].x;
+      acc.y += v[b].y;
+      acc.z += v[b].z;
+      acc.w += v[b].w;
+    }
   }
   if (dtype == OutputDType::kF32) {
     reinterpret_cast<float4*>(out)[idx] = acc;
@@ -331,7 +346,17 @@ __global__ void __launch_bounds__(32 * kGatherWarps)
   if (pos >= *valid_rows) return;
   const uint4* src = reinterpret_cast<const uint4*>(xq + static_cast<int64_t>(sorted_pairs[pos] / top_k) * stride);
   uint4* dst = reinterpret_cast<uint4*>(xs + pos * stride);
-  for (int64_t u = threadIdx.x & 31; u < hidden / 8; u += 32) dst[u] = src[u];
+  // Four loads in flight per lane before their stores (src and dst never overlap).
+  const int64_t units = hidden / 8;
+  int64_t u = threadIdx.x & 31;
+  for (; u + 96 < units; u += 128) {
+    const uint4 a = src[u], b = src[u + 32], c = src[u + 64], d = src[u + 96];
+    dst[u] = a;
+    dst[u + 32] = b;
+    dst[u + 64] = c;
+    dst[u + 96] = d;
+  }
+  for (; u < units; u += 32) dst[u] = src[u];
 }
 
 }  // namespace

@@ -238,11 +238,13 @@ GemmConfigInfo InfoOf(const char* name) {
 }
 
 // The instantiations, one per translation unit (moe_gemm_n*.cu).
-using ConfigN8 = GemmConfig<8, 6, 1>;    // decode: 1-8 tokens per expert, weights streamed from HBM
-using ConfigN32 = GemmConfig<32, 4, 1>;  // tens of tokens per expert
+// Decode, 1-8 tokens per expert, weights streamed from HBM. Three stages (29 KB) let 7 CTAs share
+// an SM, 28 warps to hide the dequantization's dependent chains; six stages (3 CTAs) left the
+// kernels latency-bound (T = 8: 647.5 -> 581.0 µs, perf-log v10).
+using ConfigN8 = GemmConfig<8, 3, 1>;
+// Tens of tokens per expert; the MMAs cover only the tile's valid tokens rounded up to 8 (T = 1024,
+// ~18 pairs per expert: 6874 -> 6391 µs, perf-log v10).
+using ConfigN32 = GemmConfig<32, 4, 1, true>;
 using ConfigN64 = GemmConfig<64, 3, 2>;  // prefill
-// n32 with MMAs only on the tile's valid tokens (at T = 1024, ~18 of 32 columns are real: perf-log
-// v9.2); forced only (MXMOE_GEMM_CONFIG=n32w) until measured.
-using ConfigN32Adaptive = GemmConfig<32, 4, 1, true>;
 
 }  // namespace mxmoe::cuda::sm90

@@ -20,7 +20,6 @@ MXMOE_DECLARE_CONFIG(Wg64)
 MXMOE_DECLARE_CONFIG(Wg128)
 MXMOE_DECLARE_CONFIG(Wg128d)
 MXMOE_DECLARE_CONFIG(Wg128d8)
-MXMOE_DECLARE_CONFIG(N32w)
 #undef MXMOE_DECLARE_CONFIG
 }  // namespace sm90
 
@@ -33,7 +32,6 @@ GemmConfigInfo GemmInfo(GemmConfigId id) {
     case GemmConfigId::kWg128: return sm90::InfoWg128();
     case GemmConfigId::kWg128d: return sm90::InfoWg128d();
     case GemmConfigId::kWg128d8: return sm90::InfoWg128d8();
-    case GemmConfigId::kN32w: return sm90::InfoN32w();
   }
   return sm90::InfoN8();
 }
@@ -46,7 +44,6 @@ cudaError_t PrepareGemmKernels() {
   if (e == cudaSuccess) e = sm90::PrepareGemmWg128();
   if (e == cudaSuccess) e = sm90::PrepareGemmWg128d();
   if (e == cudaSuccess) e = sm90::PrepareGemmWg128d8();
-  if (e == cudaSuccess) e = sm90::PrepareGemmN32w();
   return e;
 }
 
@@ -76,7 +73,6 @@ cudaError_t LaunchGemm(GemmConfigId id, bool fc1, const GemmParams& p, int64_t g
     case GemmConfigId::kWg128: return sm90::LaunchGemmWg128(fc1, p, grid_ctas, stream);
     case GemmConfigId::kWg128d: return sm90::LaunchGemmWg128d(fc1, p, grid_ctas, stream);
     case GemmConfigId::kWg128d8: return sm90::LaunchGemmWg128d8(fc1, p, grid_ctas, stream);
-    case GemmConfigId::kN32w: return sm90::LaunchGemmN32w(fc1, p, grid_ctas, stream);
   }
   return cudaErrorInvalidValue;
 }
