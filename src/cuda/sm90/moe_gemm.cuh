@@ -35,12 +35,20 @@ namespace mxmoe::cuda::sm90 {
 // ---- config -----------------------------------------------------------------------------------
 // kAdaptiveWidth: the MMAs cover only the tile's valid tokens rounded up to 8 (one instantiation of
 // the step per 8-token count) instead of all BLOCK_N columns.
-template <int kBlockN_, int kStages_, int kKSub_, bool kAdaptiveWidth_ = false>
+// kSplitK: sets of 4 warps that split each stage's kKSub steps between them (set s takes steps
+// j with j % kSplitK == s) and add their sums at the end: more warps per CTA for calls with too
+// few CTAs to fill the SMs (decode of one or two tokens).
+// kMinBlocks: CTAs per SM the compiler must leave registers for (__launch_bounds__' minimum; 0:
+// none given, which is not the same code as 1).
+template <int kBlockN_, int kStages_, int kKSub_, bool kAdaptiveWidth_ = false, int kSplitK_ = 1, int kMinBlocks_ = 0>
 struct GemmConfig {
-  static constexpr int kWarps = 4;
+  static constexpr int kSplitK = kSplitK_;
+  static constexpr int kMinBlocks = kMinBlocks_;
+  static constexpr int kRowWarps = 4;  // warps of one set: 64 rows each
+  static constexpr int kWarps = kRowWarps * kSplitK;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kMFrags = kWarpRowGroups;  // 16-row MMA tiles per warp
-  static constexpr int kBlockGroups = kWarps * kMFrags;
+  static constexpr int kBlockGroups = kRowWarps * kMFrags;
   static constexpr int kBlockM = kBlockGroups * kTileRows;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kNTiles = kBlockN / 8;  // 8-token MMA tiles
@@ -63,6 +71,10 @@ struct GemmConfig {
   static_assert(kBlockK == 64, "one 16-byte A piece per lane covers 4 k16 steps");
   static_assert(kStages >= 2 && kStages <= 8, "cp.async pipeline depth");
   static_assert(kKSub >= 1 && kKSub <= 4, "steps per stage");
+  static_assert(kSplitK >= 1 && kKSub % kSplitK == 0, "every warp set gets a step of each stage");
+  // The other sets' partial sums pass through the stages' memory at the end.
+  static_assert(kSplitK == 1 || (kSplitK - 1) * kThreads / kSplitK * kMFrags * kNTiles * 16 <= kSmemBytes,
+                "split-K partial sums fit the stages");
   static_assert(kSmemStage % 128 == 0, "stages stay 128-byte aligned");
   static_assert(kSmemBytes <= 227 * 1024, "SM90 shared memory per block");
   static_assert(kFc1StagedBytes<kBlockN> <= kSmemBytes, "FC1's epilogue reuses the stages");
@@ -141,7 +153,7 @@ __device__ __forceinline__ void ComputeStepOfWidth(int n_tiles, const uint8_t* s
 
 // ---- kernel -----------------------------------------------------------------------------------
 template <class Cfg, bool kFc1>
-__global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_constant__ GemmParams p) {
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) MoeGemmKernel(const __grid_constant__ GemmParams p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900)
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ int32_t smem_rows[Cfg::kBlockN];  // B source row of each tile column, -1 past the segment
@@ -176,7 +188,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
       for (int i = 0; i < 4; ++i) acc[f][nt][i] = 0.0f;
 
   // Rows are padded to 64 per warp, so a warp's 4 row tiles are all real or all padding.
-  const bool warp_active = warp * Cfg::kMFrags < groups;
+  const int row_warp = warp % Cfg::kRowWarps, k_set = warp / Cfg::kRowWarps;
+  const bool warp_active = row_warp * Cfg::kMFrags < groups;
   const int n_tiles = (tc.n_valid + 7) / 8;  // MMA tiles with a real column (kAdaptiveWidth)
 
   const int chunks = (k_tiles + Cfg::kKSub - 1) / Cfg::kKSub;
@@ -196,21 +209,52 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
 #pragma unroll
       for (int j = 0; j < Cfg::kKSub; ++j) {
         if (chunk * Cfg::kKSub + j >= k_tiles) break;
+        if (Cfg::kSplitK > 1 && j % Cfg::kSplitK != k_set) continue;
         ComputeStepOfWidth<Cfg>(n_tiles, stage + j * Cfg::kSubA, stage + Cfg::kSmemA + j * Cfg::kSubScales,
-                                stage + Cfg::kSmemA + Cfg::kSmemScales + j * Cfg::kSubB, warp, lane, acc);
+                                stage + Cfg::kSmemA + Cfg::kSmemScales + j * Cfg::kSubB, row_warp, lane, acc);
       }
     }
   }
   ptx::CpAsyncWait<0>();
+  if constexpr (Cfg::kSplitK > 1) {
+    // Sets 1.. hand their partial sums to set 0 through the stages (free once every warp is past
+    // its last step), which adds them in set order: a fixed order, so runs repeat bit for bit.
+    constexpr int kPer = Cfg::kMFrags * Cfg::kNTiles * 4;  // accumulators per thread
+    float* partial = reinterpret_cast<float*>(smem);
+    const int set_tid = tid % (Cfg::kThreads / Cfg::kSplitK);
+    __syncthreads();
+    if (k_set > 0 && warp_active) {
+      float* dst = partial + ((k_set - 1) * (Cfg::kThreads / Cfg::kSplitK) + set_tid) * kPer;
+#pragma unroll
+      for (int f = 0; f < Cfg::kMFrags; ++f)
+#pragma unroll
+        for (int nt = 0; nt < Cfg::kNTiles; ++nt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) dst[(f * Cfg::kNTiles + nt) * 4 + i] = acc[f][nt][i];
+    }
+    __syncthreads();
+    if (k_set == 0 && warp_active) {
+      for (int s = 1; s < Cfg::kSplitK; ++s) {
+        const float* src = partial + ((s - 1) * (Cfg::kThreads / Cfg::kSplitK) + set_tid) * kPer;
+#pragma unroll
+        for (int f = 0; f < Cfg::kMFrags; ++f)
+#pragma unroll
+          for (int nt = 0; nt < Cfg::kNTiles; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[f][nt][i] += src[(f * Cfg::kNTiles + nt) * 4 + i];
+      }
+    }
+  }
+  const bool holds_sums = warp_active && k_set == 0;
   if constexpr (kFc1) {
     // The stages become the staging planes once every warp is done reading them.
     float* staged = reinterpret_cast<float*>(smem);
     __syncthreads();
-    if (warp_active) StageFc1<Cfg::kMFrags, Cfg::kNTiles, 1, Cfg::kBlockN>(acc, warp, 0, lane, staged);
+    if (holds_sums) StageFc1<Cfg::kMFrags, Cfg::kNTiles, 1, Cfg::kBlockN>(acc, row_warp, 0, lane, staged);
     __syncthreads();
     Fc1Epilogue<Cfg::kBlockN>(p, tc, groups, staged, warp, Cfg::kWarps, lane);
   } else {
-    if (warp_active) Fc2Epilogue<Cfg::kMFrags, Cfg::kNTiles, 1>(p, acc, tc, warp, 0, lane);
+    if (holds_sums) Fc2Epilogue<Cfg::kMFrags, Cfg::kNTiles, 1>(p, acc, tc, row_warp, 0, lane);
   }
 #else
   __trap();  // built for SM90 only; cuda_moe.cu refuses other devices before launching
@@ -246,5 +290,12 @@ using ConfigN8 = GemmConfig<8, 3, 1>;
 // ~18 pairs per expert: 6874 -> 6391 µs, perf-log v10).
 using ConfigN32 = GemmConfig<32, 4, 1, true>;
 using ConfigN64 = GemmConfig<64, 3, 2>;  // prefill
+// n8 with the steps of each stage split between two sets of 4 warps (perf-log v10.1): at T = 1 a
+// Kimi-K3 FC1 has 384 CTAs, ~3 per SM, and n8's 4 warps each leave the SM latency-bound.
+using ConfigN8SplitK = GemmConfig<8, 3, 2, false, 2>;
+// n32 held to 128 registers, so that 4 CTAs (16 warps) share an SM instead of 3 (160 registers):
+// at T = 1024 n32 is neither MMA-bound nor fed by enough warps (perf-log v10.2). A few spills (56 /
+// 108 bytes, loaded in the main loop). Forced only (MXMOE_GEMM_CONFIG=n32r) until measured.
+using ConfigN32Regs = GemmConfig<32, 4, 1, true, 1, 4>;
 
 }  // namespace mxmoe::cuda::sm90

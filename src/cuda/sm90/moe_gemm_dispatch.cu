@@ -20,6 +20,8 @@ MXMOE_DECLARE_CONFIG(Wg64)
 MXMOE_DECLARE_CONFIG(Wg128)
 MXMOE_DECLARE_CONFIG(Wg128d)
 MXMOE_DECLARE_CONFIG(Wg128d8)
+MXMOE_DECLARE_CONFIG(N8k2)
+MXMOE_DECLARE_CONFIG(N32r)
 #undef MXMOE_DECLARE_CONFIG
 }  // namespace sm90
 
@@ -32,6 +34,8 @@ GemmConfigInfo GemmInfo(GemmConfigId id) {
     case GemmConfigId::kWg128: return sm90::InfoWg128();
     case GemmConfigId::kWg128d: return sm90::InfoWg128d();
     case GemmConfigId::kWg128d8: return sm90::InfoWg128d8();
+    case GemmConfigId::kN8k2: return sm90::InfoN8k2();
+    case GemmConfigId::kN32r: return sm90::InfoN32r();
   }
   return sm90::InfoN8();
 }
@@ -44,6 +48,8 @@ cudaError_t PrepareGemmKernels() {
   if (e == cudaSuccess) e = sm90::PrepareGemmWg128();
   if (e == cudaSuccess) e = sm90::PrepareGemmWg128d();
   if (e == cudaSuccess) e = sm90::PrepareGemmWg128d8();
+  if (e == cudaSuccess) e = sm90::PrepareGemmN8k2();
+  if (e == cudaSuccess) e = sm90::PrepareGemmN32r();
   return e;
 }
 
@@ -73,6 +79,8 @@ cudaError_t LaunchGemm(GemmConfigId id, bool fc1, const GemmParams& p, int64_t g
     case GemmConfigId::kWg128: return sm90::LaunchGemmWg128(fc1, p, grid_ctas, stream);
     case GemmConfigId::kWg128d: return sm90::LaunchGemmWg128d(fc1, p, grid_ctas, stream);
     case GemmConfigId::kWg128d8: return sm90::LaunchGemmWg128d8(fc1, p, grid_ctas, stream);
+    case GemmConfigId::kN8k2: return sm90::LaunchGemmN8k2(fc1, p, grid_ctas, stream);
+    case GemmConfigId::kN32r: return sm90::LaunchGemmN32r(fc1, p, grid_ctas, stream);
   }
   return cudaErrorInvalidValue;
 }
