@@ -59,14 +59,17 @@ LaunchChoice ChooseLaunch(const LayerDims& dims, int64_t num_tokens, int64_t max
   // Of the 128-token tiles, wg128d8 (three MMA groups in flight, 8 stages) was the fastest at T =
   // 2048, 4096 and 16384 (perf-log v10: 8.36 / 10.41 / 36.55 ms against wg128's 8.51 / 10.80 /
   // 38.26). n64, wg64, wg128 and wg128d are reachable only through MXMOE_GEMM_CONFIG.
-  // Calls with too few FC1 CTAs to give every SM more than one or two (GPT-OSS-120B at T = 1 and 2:
-  // 92 and 184, DeepSeek-V3 at T = 1: 128): n8k2, whose CTAs have 8 warps instead of 4. Measured
-  // (perf-log v10.1, layer µs, n8k2 against n8): GPT-OSS T = 1 64.8 / 73.6, T = 2 80.5 / 83.8;
-  // DeepSeek T = 1 98.7 / 111.3, but T = 2 (256 CTAs) 154.9 / 148.7 and Kimi-K3 T = 1 (384)
-  // 125.0 / 119.1. So up to ~1.5 CTAs per SM of an H100 / H200 SXM (132 SMs).
-  constexpr double kSplitKMaxCtas = 200.0;
+  // Calls with too few CTAs to give every SM more than one or two: n8k2, whose CTAs have 8 warps
+  // instead of 4. Measured (perf-log v10.1, layer µs, n8k2 against n8; FC1 / FC2 CTAs):
+  // GPT-OSS-120B T = 1 (92 / 48) 64.8 / 73.6, T = 2 (184 / 96) 80.5 / 83.8; DeepSeek-V3 T = 1
+  // (128 / 224) 98.7 / 111.3, but T = 2 (256 / 448) 154.9 / 148.7 and Kimi-K3 T = 1 (384 / 224)
+  // 125.0 / 119.1. Both GEMMs run the config, so both counts are bounded: tensor-parallel slices
+  // shrink FC1's rows but not FC2's (DeepSeek-V3 TP8 at T = 8: 113 / 1586), where n8 stays.
+  constexpr double kSplitKMaxFc1Ctas = 200.0, kSplitKMaxFc2Ctas = 300.0;
   const double fc1_ctas = touched * std::ceil(static_cast<double>(2 * dims.inter) / 256.0);
-  if (c.pairs_per_expert <= 12.0 && fc1_ctas <= kSplitKMaxCtas) c.gemm = GemmConfigId::kN8k2;
+  const double fc2_ctas = touched * std::ceil(static_cast<double>(dims.hidden) / 256.0);
+  if (c.pairs_per_expert <= 12.0 && fc1_ctas <= kSplitKMaxFc1Ctas && fc2_ctas <= kSplitKMaxFc2Ctas)
+    c.gemm = GemmConfigId::kN8k2;
   else if (c.pairs_per_expert <= 12.0) c.gemm = GemmConfigId::kN8;
   else if (c.pairs_per_expert < 32.0) c.gemm = GemmConfigId::kN32;
   else c.gemm = GemmConfigId::kWg128d8;

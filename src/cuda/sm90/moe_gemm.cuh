@@ -37,7 +37,8 @@ namespace mxmoe::cuda::sm90 {
 // the step per 8-token count) instead of all BLOCK_N columns.
 // kSplitK: sets of 4 warps that split each stage's kKSub steps between them (set s takes steps
 // j with j % kSplitK == s) and add their sums at the end: more warps per CTA for calls with too
-// few CTAs to fill the SMs (decode of one or two tokens).
+// few CTAs to fill the SMs (decode of one or two tokens). The sums are grouped differently from the
+// one-set kernels', so the result's last bits depend on the config (as between any two configs).
 // kMinBlocks: CTAs per SM the compiler must leave registers for (__launch_bounds__' minimum; 0:
 // none given, which is not the same code as 1).
 template <int kBlockN_, int kStages_, int kKSub_, bool kAdaptiveWidth_ = false, int kSplitK_ = 1, int kMinBlocks_ = 0>
@@ -71,7 +72,7 @@ struct GemmConfig {
   static_assert(kBlockK == 64, "one 16-byte A piece per lane covers 4 k16 steps");
   static_assert(kStages >= 2 && kStages <= 8, "cp.async pipeline depth");
   static_assert(kKSub >= 1 && kKSub <= 4, "steps per stage");
-  static_assert(kSplitK >= 1 && kKSub % kSplitK == 0, "every warp set gets a step of each stage");
+  static_assert(kSplitK >= 1 && kKSub % kSplitK == 0, "every warp set gets a step of each full stage");
   // The other sets' partial sums pass through the stages' memory at the end.
   static_assert(kSplitK == 1 || (kSplitK - 1) * kThreads / kSplitK * kMFrags * kNTiles * 16 <= kSmemBytes,
                 "split-K partial sums fit the stages");
