@@ -393,6 +393,7 @@ Status RunOnGpu(const SweepOptions& opt, int* failures) {
         row.tokens = t;
         row.command = ReproduceCommand(layer, routing, t, opt);
         if (created.ok()) {
+          row.config = moe->Plan(t);
           MXMOE_RETURN_IF_ERROR(MeasureRow(*moe, layer, routing, t, opt, gpu, dump, &row));
         } else {
           row.check = RowResult::Check::kFailed;

@@ -46,6 +46,7 @@ def print_table(rows, peers):
     head = f"{'layer':13s} {'routing':13s} {'T':>6s} {'mxmoe us':>10s} {'%roof':>6s} {'bound':>6s}"
     for n in names:
         head += f" {n + ' us':>11s} {n + '/mxmoe':>12s} {n + ' err':>9s}"
+    head += "  config"
     print(head)
     for r in rows:
         us = number(r["us"])
@@ -60,6 +61,7 @@ def print_table(rows, peers):
             ratio = pus / us if (pus and us) else None
             err = number(p["normwise_err"]) if p else None
             line += f" {fmt(pus, '11.1f')} {fmt(ratio, '11.2f') + ('x' if ratio else ''):>12s} {fmt(err, '9.1e')}"
+        line += "  " + (r.get("config") or "-")  # (CSVs before the column existed: "-")
         print(line)
 
 

@@ -136,7 +136,7 @@ Status RowWriter::Open(const std::string& csv_path) {
   std::fprintf(csv_,
                "layer,routing,tokens,num_experts,hidden,intermediate,top_k,experts_touched,pairs,bytes,flops,"
                "floor_us,bound,us,graph_us,gbps,tflops,pct_read_roofline,pct_bf16_peak,pct_roofline,"
-               "workspace_bytes,check,note,command\n");
+               "workspace_bytes,check,note,command,config\n");
   std::fflush(csv_);
   return Status::Ok();
 }
@@ -173,10 +173,10 @@ Status RowWriter::Write(const RowResult& r, FILE* out) {
                  cell(tflops, "%.1f").c_str(), cell(pct_read, "%.1f").c_str(), cell(pct_bf16, "%.1f").c_str(),
                  cell(pct_roof, "%.1f").c_str(), r.cost.FloorUs(), cell(ws_mb, "%.1f").c_str(), check.c_str());
   }
-  std::fprintf(out, "    $ %s\n", r.command.c_str());
+  std::fprintf(out, "    $ %s%s%s\n", r.command.c_str(), r.config.empty() ? "" : "   # ", r.config.c_str());
   std::fflush(out);
   if (csv_ == nullptr) return Status::Ok();
-  std::fprintf(csv_, "%s,%s,%lld,%lld,%lld,%lld,%lld,%.2f,%.2f,%.0f,%.0f,%.3f,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n",
+  std::fprintf(csv_, "%s,%s,%lld,%lld,%lld,%lld,%lld,%.2f,%.2f,%.0f,%.0f,%.3f,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n",
                r.layer->name.c_str(), routing.c_str(), static_cast<long long>(r.tokens),
                static_cast<long long>(s.num_experts), static_cast<long long>(s.hidden),
                static_cast<long long>(s.intermediate), static_cast<long long>(s.top_k), r.cost.experts_touched,
@@ -185,7 +185,7 @@ Status RowWriter::Write(const RowResult& r, FILE* out) {
                Num(gbps, "%.1f").c_str(), Num(tflops, "%.3f").c_str(), Num(pct_read, "%.2f").c_str(),
                Num(pct_bf16, "%.2f").c_str(), Num(pct_roof, "%.2f").c_str(),
                r.workspace_bytes ? std::to_string(r.workspace_bytes).c_str() : "", CheckName(r.check),
-               CsvField(r.note).c_str(), CsvField(r.command).c_str());
+               CsvField(r.note).c_str(), CsvField(r.command).c_str(), CsvField(r.config).c_str());
   if (std::fflush(csv_) != 0) return Status::Io("--csv " + csv_path_ + ": " + std::strerror(errno));
   return Status::Ok();
 }

@@ -84,6 +84,7 @@ struct RowResult {
   double us = -1;        // median µs of an eager Run; < 0: not measured
   double graph_us = -1;  // median µs of a graph replay; < 0: not measured
   std::string command;   // reproduces the row
+  std::string config;    // CudaMoe::Plan: the GEMM config (and chunks) the row ran
 };
 
 // The command that measures this row alone.

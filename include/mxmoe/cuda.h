@@ -38,6 +38,11 @@ class CudaMoe {
   // Workspace bytes for calls of up to max_tokens tokens.
   virtual size_t WorkspaceSize(int64_t max_tokens) const = 0;
 
+  // What Run does for a call of num_tokens tokens: the GEMM config both GEMMs run (named as
+  // MXMOE_GEMM_CONFIG names it, so forcing one shows here too) and, when the workspace splits the
+  // call, the number of chunks: "n8", "wg128d8 x3 chunks". No device work.
+  virtual std::string Plan(int64_t num_tokens) const = 0;
+
   // The fused pipeline on `stream`: no host synchronization, no allocation, graph-capturable.
   virtual Status Run(const MoeInput& in, const MoeOutput& out, void* workspace,
                      size_t workspace_bytes, void* stream) const = 0;

@@ -384,6 +384,12 @@ class CudaMoeImpl final : public CudaMoe {
     return std::max(PlanRun(std::min(max_tokens, max_chunk_run_)).total,
                     PlanRef(std::min(max_tokens, max_chunk_ref_)).total);
   }
+  std::string Plan(int64_t num_tokens) const override {
+    const cuda::LaunchChoice choice = cuda::ChooseLaunch(dims_, std::max<int64_t>(1, num_tokens), max_chunk_run_);
+    std::string plan = path_->Choose(choice).name;
+    if (choice.num_chunks > 1) plan += " x" + std::to_string(choice.num_chunks) + " chunks";
+    return plan;
+  }
   Status Run(const MoeInput& in, const MoeOutput& out, void* workspace, size_t workspace_bytes,
              void* stream) const override;
   Status RunReference(const MoeInput& in, const MoeOutput& out, void* workspace,

@@ -93,9 +93,15 @@ TEST(CudaGemmConfigs, ConfigsAgreeOnAKimiShapedLayer) {
   const auto ref = dc.RunF32(/*reference=*/true);
   for (int id = 0; id < cuda::kNumGemmConfigs; ++id) {
     const ForcedConfig forced(id);
-    SCOPED_TRACE(cuda::GemmInfo(static_cast<cuda::GemmConfigId>(id)).name);
+    const char* name = cuda::GemmInfo(static_cast<cuda::GemmConfigId>(id)).name;
+    SCOPED_TRACE(name);
+    EXPECT_EQ(moe->Plan(in.num_tokens), name);  // what the bench's rows report
     EXPECT_TRUE(MoeCloseF32(dc.RunF32(), ref, {in.num_tokens, s.hidden}, s.top_k * s.intermediate));
   }
+  // The heuristics' own choice (heuristics.cu): at T = 1 the 16 pairs touch ~10 of the 16 experts,
+  // ~243 FC1 CTAs (24 row blocks each), past n8k2's 200; at T = 4096, 4096 pairs per expert.
+  EXPECT_EQ(moe->Plan(1), "n8");
+  EXPECT_EQ(moe->Plan(4096), "wg128d8");
 }
 
 // The persistent FC1 kernel (wg128) with its CTAs capped, so that each CTA takes many work items
