@@ -19,7 +19,7 @@ bool DebugHeuristics() {
   return on;
 }
 
-// MXMOE_GEMM_CONFIG=n8|n8k2|n32|n32r|n64|wg64|wg128|wg128d|wg128d8 forces a config (for measuring them against each other).
+// MXMOE_GEMM_CONFIG=n8|n8k2|n32|n32r|n32s2|n64|wg64|wg128|wg128d|wg128d8 forces a config (for measuring them against each other).
 std::atomic<int>& ForcedConfig() {
   static std::atomic<int> forced{[] {
     const char* v = std::getenv("MXMOE_GEMM_CONFIG");

@@ -298,5 +298,10 @@ using ConfigN8SplitK = GemmConfig<8, 3, 2, false, 2>;
 // at T = 1024 n32 is neither MMA-bound nor fed by enough warps (perf-log v10.2). A few spills (56 /
 // 108 bytes, loaded in the main loop). Forced only (MXMOE_GEMM_CONFIG=n32r) until measured.
 using ConfigN32Regs = GemmConfig<32, 4, 1, true, 1, 4>;
+// n32 with two steps per stage and 2 stages (51 KB; 3 CTAs per SM by registers, as n32): one barrier
+// per two steps instead of one per step, two steps loading while two are computed (n32: three
+// loading while one is computed; 3 stages of two steps would not leave room for a third CTA).
+// Perf-log v10.2; forced only (MXMOE_GEMM_CONFIG=n32s2) until measured.
+using ConfigN32TwoSteps = GemmConfig<32, 2, 2, true>;
 
 }  // namespace mxmoe::cuda::sm90
