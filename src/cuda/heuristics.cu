@@ -19,7 +19,7 @@ bool DebugHeuristics() {
   return on;
 }
 
-// MXMOE_GEMM_CONFIG=n8|n8k2|n32|n32r|n32s2|n64|wg64|wg128|wg128d|wg128d8 forces a config (for measuring them against each other).
+// MXMOE_GEMM_CONFIG=<a config's GemmInfo name> forces it (for measuring configs against each other).
 std::atomic<int>& ForcedConfig() {
   static std::atomic<int> forced{[] {
     const char* v = std::getenv("MXMOE_GEMM_CONFIG");
@@ -68,9 +68,8 @@ LaunchChoice ChooseLaunch(const LayerDims& dims, int64_t num_tokens, int64_t max
   constexpr double kSplitKMaxFc1Ctas = 200.0, kSplitKMaxFc2Ctas = 300.0;
   const double fc1_ctas = touched * std::ceil(static_cast<double>(2 * dims.inter) / 256.0);
   const double fc2_ctas = touched * std::ceil(static_cast<double>(dims.hidden) / 256.0);
-  if (c.pairs_per_expert <= 12.0 && fc1_ctas <= kSplitKMaxFc1Ctas && fc2_ctas <= kSplitKMaxFc2Ctas)
-    c.gemm = GemmConfigId::kN8k2;
-  else if (c.pairs_per_expert <= 12.0) c.gemm = GemmConfigId::kN8;
+  const bool few_ctas = fc1_ctas <= kSplitKMaxFc1Ctas && fc2_ctas <= kSplitKMaxFc2Ctas;
+  if (c.pairs_per_expert <= 12.0) c.gemm = few_ctas ? GemmConfigId::kN8k2 : GemmConfigId::kN8;
   else if (c.pairs_per_expert < 32.0) c.gemm = GemmConfigId::kN32;
   else c.gemm = GemmConfigId::kWg128d8;
   const int forced = ForcedConfig().load(std::memory_order_relaxed);

@@ -221,28 +221,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) MoeGemmKernel(
     // Sets 1.. hand their partial sums to set 0 through the stages (free once every warp is past
     // its last step), which adds them in set order: a fixed order, so runs repeat bit for bit.
     constexpr int kPer = Cfg::kMFrags * Cfg::kNTiles * 4;  // accumulators per thread
-    float* partial = reinterpret_cast<float*>(smem);
-    const int set_tid = tid % (Cfg::kThreads / Cfg::kSplitK);
+    constexpr int kSetThreads = Cfg::kThreads / Cfg::kSplitK;
+    float* const flat = &acc[0][0][0];
+    // Set s > 0 writes block s - 1 of the buffer; the thread's slot is its place within its set.
+    auto slot = [&](int s) {
+      return reinterpret_cast<float*>(smem) + ((s - 1) * kSetThreads + tid % kSetThreads) * kPer;
+    };
     __syncthreads();
     if (k_set > 0 && warp_active) {
-      float* dst = partial + ((k_set - 1) * (Cfg::kThreads / Cfg::kSplitK) + set_tid) * kPer;
+      float* const dst = slot(k_set);
 #pragma unroll
-      for (int f = 0; f < Cfg::kMFrags; ++f)
-#pragma unroll
-        for (int nt = 0; nt < Cfg::kNTiles; ++nt)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) dst[(f * Cfg::kNTiles + nt) * 4 + i] = acc[f][nt][i];
+      for (int i = 0; i < kPer; ++i) dst[i] = flat[i];
     }
     __syncthreads();
     if (k_set == 0 && warp_active) {
       for (int s = 1; s < Cfg::kSplitK; ++s) {
-        const float* src = partial + ((s - 1) * (Cfg::kThreads / Cfg::kSplitK) + set_tid) * kPer;
+        const float* const src = slot(s);
 #pragma unroll
-        for (int f = 0; f < Cfg::kMFrags; ++f)
-#pragma unroll
-          for (int nt = 0; nt < Cfg::kNTiles; ++nt)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[f][nt][i] += src[(f * Cfg::kNTiles + nt) * 4 + i];
+        for (int i = 0; i < kPer; ++i) flat[i] += src[i];
       }
     }
   }

@@ -541,11 +541,11 @@ GemmConfigInfo WgmmaInfoOf(const char* name) {
 using ConfigWg64 = WgmmaConfig<64, 8>;    // fewer idle columns when experts get 50-100 tokens
 using ConfigWg128 = WgmmaConfig<128, 6>;  // the widest tile: the least dequantization per FLOP
 // wg128 with 3 MMA groups in flight per consumer warpgroup: 1.5-4% faster per kernel on the H200
-// (perf-log v8); forced only (MXMOE_GEMM_CONFIG=wg128d) until the layer is measured with it.
+// (perf-log v8), behind wg128d8 as a layer (v10); forced only (MXMOE_GEMM_CONFIG=wg128d).
 using ConfigWg128Deep = WgmmaConfig<128, 6, 3>;
-// wg128d with 8 stages (205 KB of shared memory): a third more weight bytes in flight per SM
-// (perf-log v9: at T = 4096 FC2's loads and MMAs look serialized); forced only
-// (MXMOE_GEMM_CONFIG=wg128d8) until measured.
+// wg128d with 8 stages (205 KB of shared memory): a third more weight bytes in flight per SM. The
+// heuristics' config from 32 pairs per expert (perf-log v10: the fastest of wg128 / wg128d /
+// wg128d8 at T = 2048-16384).
 using ConfigWg128Deep8 = WgmmaConfig<128, 8, 3>;
 
 }  // namespace mxmoe::cuda::sm90
