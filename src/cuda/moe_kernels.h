@@ -152,12 +152,11 @@ struct GemmParams {
 // mma.sync kernels (sm90/moe_gemm.cuh) and wgmma kernels (sm90/moe_wgmma.cuh), by BLOCK_N; wg128d
 // is wg128 with more MMAs in flight (forced only; 1.5-4% faster per kernel: perf-log v8), wg128d8
 // wg128d with 8 stages (perf-log v9.1, v10), n8k2 n8 with each stage's steps split between two sets
-// of 4 warps (perf-log v10.1), n32r n32 held to 128 registers and n32s2 n32 with two steps per stage
-// (both forced only, not yet measured: perf-log v10.2).
+// of 4 warps (perf-log v10.1).
 enum class GemmConfigId : int {
-  kN8 = 0, kN32 = 1, kN64 = 2, kWg64 = 3, kWg128 = 4, kWg128d = 5, kWg128d8 = 6, kN8k2 = 7, kN32r = 8, kN32s2 = 9
+  kN8 = 0, kN32 = 1, kN64 = 2, kWg64 = 3, kWg128 = 4, kWg128d = 5, kWg128d8 = 6, kN8k2 = 7
 };
-inline constexpr int kNumGemmConfigs = 10;
+inline constexpr int kNumGemmConfigs = 8;
 
 struct GemmConfigInfo {
   const char* name;

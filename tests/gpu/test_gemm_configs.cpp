@@ -1,4 +1,4 @@
-// Every GEMM config of the SM90 path (mma.sync n8 / n8k2 / n32 / n32r / n32s2 / n64, wgmma wg64 / wg128 / wg128d / wg128d8),
+// Every GEMM config of the SM90 path (mma.sync n8 / n8k2 / n32 / n64, wgmma wg64 / wg128 / wg128d / wg128d8),
 // against the CPU reference: the heuristics alone would leave some configs untested on small
 // shapes (and the wgmma ones only on large shapes checked against the GPU reference).
 #include <gtest/gtest.h>

@@ -39,12 +39,9 @@ namespace mxmoe::cuda::sm90 {
 // j with j % kSplitK == s) and add their sums at the end: more warps per CTA for calls with too
 // few CTAs to fill the SMs (decode of one or two tokens). The sums are grouped differently from the
 // one-set kernels', so the result's last bits depend on the config (as between any two configs).
-// kMinBlocks: CTAs per SM the compiler must leave registers for (__launch_bounds__' minimum; 0:
-// none given, which is not the same code as 1).
-template <int kBlockN_, int kStages_, int kKSub_, bool kAdaptiveWidth_ = false, int kSplitK_ = 1, int kMinBlocks_ = 0>
+template <int kBlockN_, int kStages_, int kKSub_, bool kAdaptiveWidth_ = false, int kSplitK_ = 1>
 struct GemmConfig {
   static constexpr int kSplitK = kSplitK_;
-  static constexpr int kMinBlocks = kMinBlocks_;
   static constexpr int kRowWarps = 4;  // warps of one set: 64 rows each
   static constexpr int kWarps = kRowWarps * kSplitK;
   static constexpr int kThreads = 32 * kWarps;
@@ -154,7 +151,7 @@ __device__ __forceinline__ void ComputeStepOfWidth(int n_tiles, const uint8_t* s
 
 // ---- kernel -----------------------------------------------------------------------------------
 template <class Cfg, bool kFc1>
-__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) MoeGemmKernel(const __grid_constant__ GemmParams p) {
+__global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_constant__ GemmParams p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900)
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ int32_t smem_rows[Cfg::kBlockN];  // B source row of each tile column, -1 past the segment
@@ -287,17 +284,9 @@ using ConfigN8 = GemmConfig<8, 3, 1>;
 // ~18 pairs per expert: 6874 -> 6391 µs, perf-log v10).
 using ConfigN32 = GemmConfig<32, 4, 1, true>;
 using ConfigN64 = GemmConfig<64, 3, 2>;  // prefill
-// n8 with the steps of each stage split between two sets of 4 warps (perf-log v10.1): at T = 1 a
-// Kimi-K3 FC1 has 384 CTAs, ~3 per SM, and n8's 4 warps each leave the SM latency-bound.
+// n8 with the steps of each stage split between two sets of 4 warps (perf-log v10.1), for calls
+// with fewer CTAs than SMs or not many more (GPT-OSS-120B and DeepSeek-V3 at T = 1: 11-12% faster);
+// Kimi-K3 at T = 1, ~3 CTAs per SM, ran 5% slower.
 using ConfigN8SplitK = GemmConfig<8, 3, 2, false, 2>;
-// n32 held to 128 registers, so that 4 CTAs (16 warps) share an SM instead of 3 (160 registers):
-// at T = 1024 n32 is neither MMA-bound nor fed by enough warps (perf-log v10.2). A few spills (56 /
-// 108 bytes, loaded in the main loop). Forced only (MXMOE_GEMM_CONFIG=n32r) until measured.
-using ConfigN32Regs = GemmConfig<32, 4, 1, true, 1, 4>;
-// n32 with two steps per stage and 2 stages (51 KB; 3 CTAs per SM by registers, as n32): one barrier
-// per two steps instead of one per step, two steps loading while two are computed (n32: three
-// loading while one is computed; 3 stages of two steps would not leave room for a third CTA).
-// Perf-log v10.2; forced only (MXMOE_GEMM_CONFIG=n32s2) until measured.
-using ConfigN32TwoSteps = GemmConfig<32, 2, 2, true>;
 
 }  // namespace mxmoe::cuda::sm90

@@ -21,8 +21,6 @@ MXMOE_DECLARE_CONFIG(Wg128)
 MXMOE_DECLARE_CONFIG(Wg128d)
 MXMOE_DECLARE_CONFIG(Wg128d8)
 MXMOE_DECLARE_CONFIG(N8k2)
-MXMOE_DECLARE_CONFIG(N32r)
-MXMOE_DECLARE_CONFIG(N32s2)
 #undef MXMOE_DECLARE_CONFIG
 }  // namespace sm90
 
@@ -36,8 +34,6 @@ GemmConfigInfo GemmInfo(GemmConfigId id) {
     case GemmConfigId::kWg128d: return sm90::InfoWg128d();
     case GemmConfigId::kWg128d8: return sm90::InfoWg128d8();
     case GemmConfigId::kN8k2: return sm90::InfoN8k2();
-    case GemmConfigId::kN32r: return sm90::InfoN32r();
-    case GemmConfigId::kN32s2: return sm90::InfoN32s2();
   }
   return sm90::InfoN8();
 }
@@ -51,8 +47,6 @@ cudaError_t PrepareGemmKernels() {
   if (e == cudaSuccess) e = sm90::PrepareGemmWg128d();
   if (e == cudaSuccess) e = sm90::PrepareGemmWg128d8();
   if (e == cudaSuccess) e = sm90::PrepareGemmN8k2();
-  if (e == cudaSuccess) e = sm90::PrepareGemmN32r();
-  if (e == cudaSuccess) e = sm90::PrepareGemmN32s2();
   return e;
 }
 
@@ -83,8 +77,6 @@ cudaError_t LaunchGemm(GemmConfigId id, bool fc1, const GemmParams& p, int64_t g
     case GemmConfigId::kWg128d: return sm90::LaunchGemmWg128d(fc1, p, grid_ctas, stream);
     case GemmConfigId::kWg128d8: return sm90::LaunchGemmWg128d8(fc1, p, grid_ctas, stream);
     case GemmConfigId::kN8k2: return sm90::LaunchGemmN8k2(fc1, p, grid_ctas, stream);
-    case GemmConfigId::kN32r: return sm90::LaunchGemmN32r(fc1, p, grid_ctas, stream);
-    case GemmConfigId::kN32s2: return sm90::LaunchGemmN32s2(fc1, p, grid_ctas, stream);
   }
   return cudaErrorInvalidValue;
 }
