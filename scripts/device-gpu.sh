@@ -3,9 +3,9 @@
 # CLI (its `mxmoe bench` is the benchmark), check registers/SASS, run the GPU tests, a
 # compute-sanitizer pass on a small case, and the benchmark. Full logs go to $OUT (or
 # ./device-out); a short table is printed last.
-#   scripts/device-gpu.sh [all|build|test|sanitize|bench|profile|bench2|kprofile|dprofile|sprofile|sm120] ...
-#   (default: all; sprofile, per-instruction stall samples, and sm120, the SM120 path in emulation
-#   and its sm_120a SASS, only when named)
+#   scripts/device-gpu.sh [all|build|test|sanitize|bench|profile|bench2|kprofile|dprofile|sprofile|sm120|ab] ...
+#   (default: all; sprofile, per-instruction stall samples, sm120, the SM120 path in emulation
+#   and its sm_120a SASS, and ab, a compile-time variant against the default, only when named)
 #   EXTRA_CUDA_FLAGS adds nvcc flags (e.g. -DMXMOE_DEBUG_MBAR_TIMEOUT); GTEST_FILTER=... narrows the suite; BENCH_ARGS="--shapes kimi-k3 --tokens 1,8" narrows the
 #   benchmark (default: the whole sweep of `make bench`, with the PyTorch peer and the report).
 set -uo pipefail
@@ -183,6 +183,36 @@ if named sprofile; then
   ncu --import "$rep.ncu-rep" --page source --csv --print-source sass >"$OUT/sprofile.csv" 2>"$OUT/sprofile_err.log"
   note "sprofile export: rc=$? $(wc -l <"$OUT/sprofile.csv") lines in $(( $(secs) - t0 )) s"
   python3 scripts/sprofile_top.py "$OUT/sprofile.csv" 40 | tee -a "$SUMMARY"
+fi
+
+# Not part of `all`: `AB_FLAGS=-DMXMOE_DECODE_MULHI scripts/device-gpu.sh ab`. An A/B of a
+# compile-time variant in one session: build-gpu as the build stage makes it and build-gpu-ab with
+# AB_FLAGS added, side by side; AB_FILTER's GPU tests on the variant (default: every GEMM config and
+# the small shapes against the CPU reference); then the Kimi-K3 layer at AB_TOKENS (default 1, 1024,
+# 4096) in the order base, variant, variant, base, every row checked against the unfused GPU
+# reference first (perf-log v11.2).
+if named ab; then
+  t0=$(secs)
+  for v in base ab; do
+    dir=build-gpu
+    flags="-Xptxas -v ${EXTRA_CUDA_FLAGS:-}"
+    if [ "$v" = ab ]; then dir=build-gpu-ab; flags="$flags ${AB_FLAGS:?AB_FLAGS names the variant}"; fi
+    ( cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMXMOE_CUDA=ON -DMXMOE_CUDA_ARCHS=90a \
+        -DCMAKE_CUDA_FLAGS="$flags" >"$OUT/ab_configure_$v.log" 2>&1 \
+      && cmake --build "$dir" -j8 --target mxmoe_gpu_tests mxmoe_cli >"$OUT/ab_build_$v.log" 2>&1
+      echo $? >"$OUT/ab_rc_$v" ) &
+  done
+  wait
+  note "ab builds: base rc=$(cat "$OUT/ab_rc_base"), variant ($AB_FLAGS) rc=$(cat "$OUT/ab_rc_ab"), in $(( $(secs) - t0 )) s"
+  watched 200 "$OUT/ab_tests.log" build-gpu-ab/bin/mxmoe_gpu_tests \
+    --gtest_filter="${AB_FILTER:-CudaGemmConfigs.EveryConfigMatchesReference:CudaMoeSmall.*}"
+  note "ab tests (variant): rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]+ test' "$OUT/ab_tests.log" | tr '\n' ' ')"
+  for v in base ab ab base; do
+    dir=build-gpu
+    [ "$v" = ab ] && dir=build-gpu-ab
+    timeout 90 "$dir/bin/mxmoe" bench --shapes kimi-k3 --routing uniform --tokens "${AB_TOKENS:-1,1024,4096}" \
+      --check-tokens 32 2>&1 | grep -E "^kimi-k3 |FAIL" | sed "s/^/$v: /" | tee -a "$SUMMARY" >/dev/null
+  done
 fi
 
 # Not part of `all` (it builds a second tree): `scripts/device-gpu.sh sm120`. A tree for sm_90a and
