@@ -192,11 +192,13 @@ fi
 # 4096) in the order base, variant, variant, base, every row checked against the unfused GPU
 # reference first (perf-log v11.2).
 if named ab; then
+  [ -n "${AB_FLAGS:-}" ] || { note "ab: AB_FLAGS (the variant's nvcc flags) is not set"; exit 1; }
   t0=$(secs)
+  rm -f "$OUT"/ab_rc_*
   for v in base ab; do
     dir=build-gpu
     flags="-Xptxas -v ${EXTRA_CUDA_FLAGS:-}"
-    if [ "$v" = ab ]; then dir=build-gpu-ab; flags="$flags ${AB_FLAGS:?AB_FLAGS names the variant}"; fi
+    if [ "$v" = ab ]; then dir=build-gpu-ab; flags="$flags $AB_FLAGS"; fi
     ( cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMXMOE_CUDA=ON -DMXMOE_CUDA_ARCHS=90a \
         -DCMAKE_CUDA_FLAGS="$flags" >"$OUT/ab_configure_$v.log" 2>&1 \
       && cmake --build "$dir" -j8 --target mxmoe_gpu_tests mxmoe_cli >"$OUT/ab_build_$v.log" 2>&1
@@ -204,6 +206,8 @@ if named ab; then
   done
   wait
   note "ab builds: base rc=$(cat "$OUT/ab_rc_base"), variant ($AB_FLAGS) rc=$(cat "$OUT/ab_rc_ab"), in $(( $(secs) - t0 )) s"
+  # Binaries of an earlier call stay on the machine: a failed build must not be measured.
+  [ "$(cat "$OUT/ab_rc_base")" = 0 ] && [ "$(cat "$OUT/ab_rc_ab")" = 0 ] || { note "ab: a build failed"; exit 1; }
   watched 200 "$OUT/ab_tests.log" build-gpu-ab/bin/mxmoe_gpu_tests \
     --gtest_filter="${AB_FILTER:-CudaGemmConfigs.EveryConfigMatchesReference:CudaMoeSmall.*}"
   note "ab tests (variant): rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]+ test' "$OUT/ab_tests.log" | tr '\n' ' ')"
@@ -211,7 +215,10 @@ if named ab; then
     dir=build-gpu
     [ "$v" = ab ] && dir=build-gpu-ab
     timeout 90 "$dir/bin/mxmoe" bench --shapes kimi-k3 --routing uniform --tokens "${AB_TOKENS:-1,1024,4096}" \
-      --check-tokens 32 2>&1 | grep -E "^kimi-k3 |FAIL" | sed "s/^/$v: /" | tee -a "$SUMMARY" >/dev/null
+      --check-tokens 32 >"$OUT/ab_bench.log" 2>&1
+    rc=$?
+    grep -E "^kimi-k3 |FAIL" "$OUT/ab_bench.log" | sed "s/^/$v: /" | tee -a "$SUMMARY" >/dev/null
+    [ "$rc" = 0 ] || note "$v: mxmoe bench rc=$rc"
   done
 fi
 
