@@ -20,14 +20,19 @@ note() { echo "$*" | tee -a "$SUMMARY"; }
 named() { [[ " $STAGES " == *" $1 "* ]]; }  # stage $1 was asked for by name
 want() { named all || named "$1"; }
 secs() { date +%s; }
+# configure_sm90 DIR LOG [FLAGS]: the release tree for sm_90a in DIR, with -Xptxas -v,
+# EXTRA_CUDA_FLAGS and FLAGS as nvcc flags (the build stage's tree, and both trees of `ab`).
+configure_sm90() {
+  cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMXMOE_CUDA=ON -DMXMOE_CUDA_ARCHS=90a \
+    -DCMAKE_CUDA_FLAGS="-Xptxas -v ${EXTRA_CUDA_FLAGS:-} ${3:-}" >"$2" 2>&1
+}
 
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /' | tee -a "$SUMMARY"
 
 if want build || want test || want sanitize || want bench || want profile || want bench2 || want kprofile || want dist \
    || named sprofile; then
   t0=$(secs)
-  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMXMOE_CUDA=ON -DMXMOE_CUDA_ARCHS=90a \
-    -DCMAKE_CUDA_FLAGS="-Xptxas -v ${EXTRA_CUDA_FLAGS:-}" >"$OUT/configure.log" 2>&1 || { note "configure FAILED"; tail -20 "$OUT/configure.log"; exit 1; }
+  configure_sm90 "$BUILD" "$OUT/configure.log" || { note "configure FAILED"; tail -20 "$OUT/configure.log"; exit 1; }
   cmake --build "$BUILD" -j16 --target mxmoe_gpu_tests mxmoe_cli >"$OUT/build.log" 2>&1 \
     || { note "build FAILED"; grep -E "error" "$OUT/build.log" | head -20; exit 1; }
   note "build: ok in $(( $(secs) - t0 )) s"
@@ -186,7 +191,7 @@ if named sprofile; then
 fi
 
 # Not part of `all`: `AB_FLAGS=-DMXMOE_DECODE_MULHI scripts/device-gpu.sh ab`. An A/B of a
-# compile-time variant in one session: build-gpu as the build stage makes it and build-gpu-ab with
+# compile-time variant in one session: $BUILD as the build stage makes it and $BUILD-ab with
 # AB_FLAGS added, side by side; AB_FILTER's GPU tests on the variant (default: every GEMM config and
 # the small shapes against the CPU reference); then the Kimi-K3 layer at AB_TOKENS (default 1, 1024,
 # 4096) in the order base, variant, variant, base, every row checked against the unfused GPU
@@ -195,26 +200,23 @@ if named ab; then
   [ -n "${AB_FLAGS:-}" ] || { note "ab: AB_FLAGS (the variant's nvcc flags) is not set"; exit 1; }
   t0=$(secs)
   rm -f "$OUT"/ab_rc_*
+  ab_tree() { if [ "$1" = ab ]; then echo "$BUILD-ab"; else echo "$BUILD"; fi; }
   for v in base ab; do
-    dir=build-gpu
-    flags="-Xptxas -v ${EXTRA_CUDA_FLAGS:-}"
-    if [ "$v" = ab ]; then dir=build-gpu-ab; flags="$flags $AB_FLAGS"; fi
-    ( cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMXMOE_CUDA=ON -DMXMOE_CUDA_ARCHS=90a \
-        -DCMAKE_CUDA_FLAGS="$flags" >"$OUT/ab_configure_$v.log" 2>&1 \
-      && cmake --build "$dir" -j8 --target mxmoe_gpu_tests mxmoe_cli >"$OUT/ab_build_$v.log" 2>&1
+    flags=""
+    [ "$v" = ab ] && flags=$AB_FLAGS
+    ( configure_sm90 "$(ab_tree $v)" "$OUT/ab_configure_$v.log" "$flags" \
+      && cmake --build "$(ab_tree $v)" -j8 --target mxmoe_gpu_tests mxmoe_cli >"$OUT/ab_build_$v.log" 2>&1
       echo $? >"$OUT/ab_rc_$v" ) &
   done
   wait
   note "ab builds: base rc=$(cat "$OUT/ab_rc_base"), variant ($AB_FLAGS) rc=$(cat "$OUT/ab_rc_ab"), in $(( $(secs) - t0 )) s"
   # Binaries of an earlier call stay on the machine: a failed build must not be measured.
   [ "$(cat "$OUT/ab_rc_base")" = 0 ] && [ "$(cat "$OUT/ab_rc_ab")" = 0 ] || { note "ab: a build failed"; exit 1; }
-  watched 200 "$OUT/ab_tests.log" build-gpu-ab/bin/mxmoe_gpu_tests \
+  watched 200 "$OUT/ab_tests.log" "$(ab_tree ab)/bin/mxmoe_gpu_tests" \
     --gtest_filter="${AB_FILTER:-CudaGemmConfigs.EveryConfigMatchesReference:CudaMoeSmall.*}"
   note "ab tests (variant): rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]+ test' "$OUT/ab_tests.log" | tr '\n' ' ')"
   for v in base ab ab base; do
-    dir=build-gpu
-    [ "$v" = ab ] && dir=build-gpu-ab
-    timeout 90 "$dir/bin/mxmoe" bench --shapes kimi-k3 --routing uniform --tokens "${AB_TOKENS:-1,1024,4096}" \
+    timeout 90 "$(ab_tree $v)/bin/mxmoe" bench --shapes kimi-k3 --routing uniform --tokens "${AB_TOKENS:-1,1024,4096}" \
       --check-tokens 32 >"$OUT/ab_bench.log" 2>&1
     rc=$?
     grep -E "^kimi-k3 |FAIL" "$OUT/ab_bench.log" | sed "s/^/$v: /" | tee -a "$SUMMARY" >/dev/null
