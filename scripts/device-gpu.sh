@@ -190,7 +190,7 @@ if named sprofile; then
   python3 scripts/sprofile_top.py "$OUT/sprofile.csv" 40 | tee -a "$SUMMARY"
 fi
 
-# Not part of `all`: `AB_FLAGS=-DMXMOE_DECODE_MULHI scripts/device-gpu.sh ab`. An A/B of a
+# Not part of `all`: `AB_FLAGS=-DSOME_MACRO scripts/device-gpu.sh ab`. An A/B of a
 # compile-time variant in one session: $BUILD as the build stage makes it and $BUILD-ab with
 # AB_FLAGS added, side by side; AB_FILTER's GPU tests on the variant (default: every GEMM config and
 # the small shapes against the CPU reference); then the Kimi-K3 layer at AB_TOKENS (default 1, 1024,

@@ -125,21 +125,6 @@ MXMOE_HD uint8_t CodeAt(uint32_t w, int reg, int hi) {
                               (((w >> pos[2]) & 1u) << 1) | ((w >> pos[3]) & 1u));
 }
 
-// w >> n. Built with -DMXMOE_DECODE_MULHI (an experiment, off by default, not yet measured:
-// perf-log v11.2), the device code takes it as the high word of w * 2^(32 - n), an IMAD.HI on the
-// FMA pipe, instead of a SHF on the integer pipe (the busier of the two by v11.2's A/B).
-template <int n>
-MXMOE_HD uint32_t ShiftRight(uint32_t w) {
-  static_assert(n > 0 && n < 32);
-#if defined(__CUDA_ARCH__) && defined(MXMOE_DECODE_MULHI)
-  uint32_t d;
-  asm("mul.hi.u32 %0, %1, %2;" : "=r"(d) : "r"(w), "r"(1u << (32 - n)));
-  return d;
-#else
-  return w >> n;
-#endif
-}
-
 // The fast decode the kernels use: four bf16x2 registers whose bits are the E2M1 bit patterns
 // moved into place, i.e. the E2M1 values times 2^-126 (E2M1's subnormal 0.5 lands on bf16's
 // subnormal 2^-127, which is why the factor is 2^-126 and not a normal power). 11 integer ops.
@@ -148,7 +133,7 @@ MXMOE_HD void DecodeWord(uint32_t w, uint32_t r[4]) {
   r[0] = w & kMask;
   r[1] = (w << 3) & kMask;
   r[2] = (w << 6) & kMask;
-  r[3] = ((w << 1) & 0x80008000u) | (ShiftRight<5>(w) & 0x01000100u) | (ShiftRight<4>(w) & 0x00C000C0u);
+  r[3] = ((w << 1) & 0x80008000u) | ((w >> 5) & 0x01000100u) | ((w >> 4) & 0x00C000C0u);
 }
 
 // Element (r, k) of one expert's prepacked matrix, dequantized (the reference's scalar path).
