@@ -748,8 +748,10 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
   for (int64_t t0 = 0; t0 < t_count; t0 += choice.chunk_tokens) {
     const int64_t tc = std::min(choice.chunk_tokens, t_count - t0);
     const int64_t pairs = tc * top_k;
-    // Small calls sort, offset and tile in one kernel that numbers the pairs itself.
+    // Small calls sort, offset and tile in one kernel that numbers the pairs itself; the smallest
+    // do it in the quantization's launch, from the ids (perf-log v12).
     const bool small_routing = pairs <= cuda::kSmallRoutePairs;
+    const bool fused_routing = pairs <= cuda::kFusedRoutePairs;
     cuda::PrepareParams pp;
     pp.num_tokens = tc;
     pp.hidden = k_dim;
@@ -765,23 +767,27 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
     pp.pair_ids = small_routing ? nullptr : vals_in;
     pp.num_experts = dims_.num_experts;
     pp.bad_ids = errors_.As<unsigned long long>();
-    MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchPrepare(pp, stream), "input quantization / routing keys kernel"));
+    cuda::RouteSmallParams rp;
+    rp.keys = keys_in;
+    rp.n = static_cast<int32_t>(pairs);
+    rp.num_local = static_cast<int32_t>(n_local);
+    rp.key_bits = key_bits_;
+    rp.sorted_pairs = vals_out;
+    rp.offsets = offsets;
+    rp.block_n = gemm.tile_tokens;
+    rp.tile_offsets = tile_offsets;
+    rp.tiles = tiles;
+    rp.num_tiles = num_tiles;
     // Tiles <= pairs / tile + one partial tile per touched expert.
     call.max_tiles = std::min(pairs, (pairs + gemm.tile_tokens - 1) / gemm.tile_tokens + std::min(n_local, pairs));
-    if (small_routing) {
-      cuda::RouteSmallParams rp;
-      rp.keys = keys_in;
-      rp.n = static_cast<int32_t>(pairs);
-      rp.num_local = static_cast<int32_t>(n_local);
-      rp.key_bits = key_bits_;
-      rp.sorted_pairs = vals_out;
-      rp.offsets = offsets;
-      rp.block_n = gemm.tile_tokens;
-      rp.tile_offsets = tile_offsets;
-      rp.tiles = tiles;
-      rp.num_tiles = num_tiles;
+    if (fused_routing) {
+      MXMOE_RETURN_IF_ERROR(
+          CudaCheck(cuda::LaunchPrepareAndRoute(pp, rp, stream), "input quantization / routing kernel (small calls)"));
+    } else if (small_routing) {
+      MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchPrepare(pp, stream), "input quantization / routing keys kernel"));
       MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchRouteSmall(rp, stream), "routing kernel (small calls)"));
     } else {
+      MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchPrepare(pp, stream), "input quantization / routing keys kernel"));
       MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::SortPairs(at(l.sort_temp), sort_temp_bytes_, keys_in, keys_out, vals_in,
                                                       vals_out, pairs, key_bits_, stream),
                                       "routing sort"));

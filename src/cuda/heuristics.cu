@@ -59,17 +59,21 @@ LaunchChoice ChooseLaunch(const LayerDims& dims, int64_t num_tokens, int64_t max
   // Of the 128-token tiles, wg128d8 (three MMA groups in flight, 8 stages) was the fastest at T =
   // 2048, 4096 and 16384 (perf-log v10: 8.36 / 10.41 / 36.55 ms against wg128's 8.51 / 10.80 /
   // 38.26). n64, wg64, wg128 and wg128d are reachable only through MXMOE_GEMM_CONFIG.
-  // Calls with too few CTAs to give every SM more than one or two: n8k2, whose CTAs have 8 warps
-  // instead of 4. Measured (perf-log v10.1, layer µs, n8k2 against n8; FC1 / FC2 CTAs):
-  // GPT-OSS-120B T = 1 (92 / 48) 64.8 / 73.6, T = 2 (184 / 96) 80.5 / 83.8; DeepSeek-V3 T = 1
-  // (128 / 224) 98.7 / 111.3, but T = 2 (256 / 448) 154.9 / 148.7 and Kimi-K3 T = 1 (384 / 224)
-  // 125.0 / 119.1. Both GEMMs run the config, so both counts are bounded: tensor-parallel slices
-  // shrink FC1's rows but not FC2's (DeepSeek-V3 TP8 at T = 8: 113 / 1586), where n8 stays.
-  constexpr double kSplitKMaxFc1Ctas = 200.0, kSplitKMaxFc2Ctas = 300.0;
+  // Calls whose tiles give the SMs only a few CTAs each: n8c2, whose clusters of two CTAs split
+  // each tile's reduction, so the weights stream through twice the CTAs (perf-log v12). Measured
+  // (layer µs, n8c2 / n8k2 / n8, uniform; FC1 / FC2 CTAs of n8): GPT-OSS-120B T = 1 (92 / 48)
+  // 57.5 / 65.8 / 73.5, T = 2 (184 / 96) 67.5 / 79.4 / 81.5, T = 4 (~345 / 180) 97.6 / 109.2 /
+  // 103.6; DeepSeek-V3 T = 1 (128 / 224) 92.0 / 98.0 / 110.5, T = 2 (256 / 448) 138.8 / 154.5 /
+  // 148.3; Kimi-K3 T = 1 (384 / 224) 118.9 / 124.9 / 119.3. Where n8 won: DeepSeek-V3 T = 4
+  // (~481 / 842) 253.0 against 238.4, GPT-OSS-120B T = 8 (~650 / 340) 158.3 against 153.6, Kimi-K3
+  // T = 8 597.4 against 583.4. n8c2 beat n8k2 (v10.1) on every row, so n8k2 is forced-only now.
+  // Both GEMMs run the config, so both counts are bounded: tensor-parallel slices shrink FC1's
+  // rows but not FC2's.
+  constexpr double kClusterMaxFc1Ctas = 400.0, kClusterMaxFc2Ctas = 480.0;
   const double fc1_ctas = touched * std::ceil(static_cast<double>(2 * dims.inter) / 256.0);
   const double fc2_ctas = touched * std::ceil(static_cast<double>(dims.hidden) / 256.0);
-  const bool few_ctas = fc1_ctas <= kSplitKMaxFc1Ctas && fc2_ctas <= kSplitKMaxFc2Ctas;
-  if (c.pairs_per_expert <= 12.0) c.gemm = few_ctas ? GemmConfigId::kN8k2 : GemmConfigId::kN8;
+  const bool few_ctas = fc1_ctas <= kClusterMaxFc1Ctas && fc2_ctas <= kClusterMaxFc2Ctas;
+  if (c.pairs_per_expert <= 12.0) c.gemm = few_ctas ? GemmConfigId::kN8c2 : GemmConfigId::kN8;
   else if (c.pairs_per_expert < 32.0) c.gemm = GemmConfigId::kN32;
   else c.gemm = GemmConfigId::kWg128d8;
   const int forced = ForcedConfig().load(std::memory_order_relaxed);

@@ -45,20 +45,38 @@ inline bool PdlEnabled() {
 // kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when PdlEnabled(): the
 // kernel must call ptx::GridDependencyWait before it touches global memory. Works under stream
 // capture (the graph gets a programmatic edge).
+// LaunchKernelInClusters: the same in thread block clusters of `cluster_x` consecutive CTAs along x
+// (grid.x a multiple of it).
 template <class... Params, class... Args>
-cudaError_t LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                         Args&&... args) {
+cudaError_t LaunchKernelInClusters(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                   cudaStream_t stream, unsigned cluster_x, Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (PdlEnabled()) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  if (cluster_x > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster_x;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
   config.attrs = attr;
-  config.numAttrs = PdlEnabled() ? 1 : 0;
+  config.numAttrs = n;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+template <class... Params, class... Args>
+cudaError_t LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                         Args&&... args) {
+  return LaunchKernelInClusters(kernel, grid, block, smem, stream, 1u, std::forward<Args>(args)...);
 }
 
 // The three entry points of one GEMM config, defined in the config's own translation unit (one

@@ -102,6 +102,11 @@ struct RouteSmallParams {
   int32_t* num_tiles = nullptr;  // [2], as LaunchOffsetsAndTiles
 };
 cudaError_t LaunchRouteSmall(const RouteSmallParams& p, cudaStream_t stream);
+// Up to kFusedRoutePairs pairs (decode): LaunchPrepare's quantization (not its keys: p.keys and
+// p.pair_ids are not written) and LaunchRouteSmall in one launch, the keys computed from
+// p.topk_ids. rp.keys is not read; rp.n must be p.num_tokens * p.top_k.
+inline constexpr int kFusedRoutePairs = 256;
+cudaError_t LaunchPrepareAndRoute(const PrepareParams& p, const RouteSmallParams& rp, cudaStream_t stream);
 
 // xs[pos, :K] = xq[sorted_pairs[pos] / top_k, :K] for the first *valid_rows sorted positions (of
 // at most max_rows): each expert's tokens as consecutive rows, for the kernels that load a tile's
@@ -152,11 +157,12 @@ struct GemmParams {
 // mma.sync kernels (sm90/moe_gemm.cuh) and wgmma kernels (sm90/moe_wgmma.cuh), by BLOCK_N; wg128d
 // is wg128 with more MMAs in flight (forced only; 1.5-4% faster per kernel: perf-log v8), wg128d8
 // wg128d with 8 stages (perf-log v9.1, v10), n8k2 n8 with each stage's steps split between two sets
-// of 4 warps (perf-log v10.1).
+// of 4 warps (perf-log v10.1), n8c2 n8 with each tile's reduction split between the two CTAs of a
+// cluster (perf-log v12).
 enum class GemmConfigId : int {
-  kN8 = 0, kN32 = 1, kN64 = 2, kWg64 = 3, kWg128 = 4, kWg128d = 5, kWg128d8 = 6, kN8k2 = 7
+  kN8 = 0, kN32 = 1, kN64 = 2, kWg64 = 3, kWg128 = 4, kWg128d = 5, kWg128d8 = 6, kN8k2 = 7, kN8c2 = 8
 };
-inline constexpr int kNumGemmConfigs = 8;
+inline constexpr int kNumGemmConfigs = 9;
 
 struct GemmConfigInfo {
   const char* name;

@@ -33,6 +33,44 @@ __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// Thread block clusters (sm_90 and later; PTX ISA: %cluster_ctarank, barrier.cluster, mapa,
+// ld.shared::cluster). ClusterSync: every thread of every CTA of the cluster arrives (release) and
+// waits (acquire), so shared-memory writes before it are visible to the cluster's CTAs after it,
+// and no CTA leaves while another may still read its shared memory.
+__device__ __forceinline__ uint32_t ClusterCtaRank() {
+  uint32_t rank = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+#endif
+  return rank;
+}
+__device__ __forceinline__ void ClusterSync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "barrier.cluster.arrive.release.aligned;\n"
+      "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+// The address of shared-window address `addr` in the shared memory of the cluster's CTA `rank`.
+__device__ __forceinline__ uint32_t MapSharedToRank(uint32_t addr, uint32_t rank) {
+  uint32_t remote = addr;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
+#endif
+  return remote;
+}
+// 16 bytes of four floats from a cluster shared-memory address (MapSharedToRank).
+__device__ __forceinline__ float4 LdSharedCluster128(uint32_t addr) {
+  float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+#endif
+  return v;
+}
+
 // 16-byte global -> shared copy that bypasses L1 (.cg) and does not occupy registers, so many can
 // be in flight per thread. src_bytes = 0 writes 16 zero bytes and reads nothing (PTX ISA, cp.async:
 // the bytes past src-size are filled with zeros).

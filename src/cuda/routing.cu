@@ -35,72 +35,86 @@ __device__ void CountBadIdsOfBlock(bool bad, unsigned long long* bad_ids) {
 
 __device__ bool IsBadId(int32_t id, int64_t num_experts) { return id < -1 || id >= num_experts; }
 
+// Thread idx of the quantization: one 32-block of x (row idx / (K / 32)); threads past the last
+// block do nothing.
+__device__ void QuantizeBlockOfX(const PrepareParams& p, int64_t idx) {
+  const int64_t blocks_per_row = p.hidden / kMxBlock;
+  if (idx >= p.num_tokens * blocks_per_row) return;  // padding of the last quantization block
+  const int64_t t = idx / blocks_per_row, b = idx % blocks_per_row;
+  uint8_t codes[kMxBlock];
+  uint8_t scale;
+  if (p.x_bf16 != nullptr) {
+    const uint4* src = reinterpret_cast<const uint4*>(p.x_bf16 + t * p.hidden + b * kMxBlock);
+    float v[kMxBlock];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint4 q = src[i];
+      const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        v[8 * i + 2 * j] = bf16_to_float(static_cast<uint16_t>(w[j] & 0xFFFFu));
+        v[8 * i + 2 * j + 1] = bf16_to_float(static_cast<uint16_t>(w[j] >> 16));
+      }
+    }
+    scale = QuantizeMxfp8Block(v, codes);
+  } else {
+    const uint4* src = reinterpret_cast<const uint4*>(p.x_e4m3 + t * p.hidden + b * kMxBlock);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint4 q = src[i];
+      const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+      for (int j = 0; j < 16; ++j) codes[16 * i + j] = static_cast<uint8_t>(w[j / 4] >> (8 * (j % 4)));
+    }
+    scale = p.x_scale[t * blocks_per_row + b];
+  }
+  if (p.xq_codes != nullptr) {
+    // The SM120 path: codes and scale as the block-scaled MMA takes them. A block whose scale is
+    // NaN also gets NaN codes, so it reads as NaN whether or not the hardware honours the scale.
+    uint32_t w[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      w[i] = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        w[i] |= static_cast<uint32_t>(scale == kUe8m0Nan ? 0x7Fu : codes[4 * i + j]) << (8 * j);
+    }
+    uint4* dst = reinterpret_cast<uint4*>(p.xq_codes + t * p.x_stride + b * kMxBlock);
+    dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
+    dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
+    p.xq_scales[t * (p.x_stride / kMxBlock) + b] = scale;
+    return;
+  }
+  // deq(xq) = e4m3 * 2^s in fp32, exactly as the reference; exact in bf16 for realistic scales.
+  const float s = ue8m0_to_float(scale);
+  uint4* dst = reinterpret_cast<uint4*>(p.xq + t * p.x_stride + b * kMxBlock);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    uint32_t w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t lo = float_to_bf16(E4m3ToFloat(codes[8 * i + 2 * j]) * s);
+      const uint32_t hi = float_to_bf16(E4m3ToFloat(codes[8 * i + 2 * j + 1]) * s);
+      w[j] = lo | (hi << 16);
+    }
+    dst[i] = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+// The routing key of a slot whose expert id is `id`: its local expert, or num_local for a slot that
+// is skipped (-1, ids out of range, other ranks' experts).
+__device__ int32_t KeyOfId(const PrepareParams& p, int32_t id) {
+  const int64_t local = static_cast<int64_t>(id) - p.first_expert;
+  const bool valid = id >= 0 && local >= 0 && local < p.num_local;
+  return valid ? static_cast<int32_t>(local) : p.num_local;
+}
+
 // Blocks [0, quant_threads) quantize one 32-block of x each; the rest write one routing key each.
 __global__ void __launch_bounds__(kThreads) PrepareKernel(const PrepareParams p, int64_t quant_threads) {
   ptx::EnterPipelineKernel();
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (idx < quant_threads) {
-    const int64_t blocks_per_row = p.hidden / kMxBlock;
-    if (idx >= p.num_tokens * blocks_per_row) return;  // padding of the last quantization block
-    const int64_t t = idx / blocks_per_row, b = idx % blocks_per_row;
-    uint8_t codes[kMxBlock];
-    uint8_t scale;
-    if (p.x_bf16 != nullptr) {
-      const uint4* src = reinterpret_cast<const uint4*>(p.x_bf16 + t * p.hidden + b * kMxBlock);
-      float v[kMxBlock];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const uint4 q = src[i];
-        const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          v[8 * i + 2 * j] = bf16_to_float(static_cast<uint16_t>(w[j] & 0xFFFFu));
-          v[8 * i + 2 * j + 1] = bf16_to_float(static_cast<uint16_t>(w[j] >> 16));
-        }
-      }
-      scale = QuantizeMxfp8Block(v, codes);
-    } else {
-      const uint4* src = reinterpret_cast<const uint4*>(p.x_e4m3 + t * p.hidden + b * kMxBlock);
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const uint4 q = src[i];
-        const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-        for (int j = 0; j < 16; ++j) codes[16 * i + j] = static_cast<uint8_t>(w[j / 4] >> (8 * (j % 4)));
-      }
-      scale = p.x_scale[t * blocks_per_row + b];
-    }
-    if (p.xq_codes != nullptr) {
-      // The SM120 path: codes and scale as the block-scaled MMA takes them. A block whose scale is
-      // NaN also gets NaN codes, so it reads as NaN whether or not the hardware honours the scale.
-      uint32_t w[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        w[i] = 0;
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          w[i] |= static_cast<uint32_t>(scale == kUe8m0Nan ? 0x7Fu : codes[4 * i + j]) << (8 * j);
-      }
-      uint4* dst = reinterpret_cast<uint4*>(p.xq_codes + t * p.x_stride + b * kMxBlock);
-      dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
-      dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
-      p.xq_scales[t * (p.x_stride / kMxBlock) + b] = scale;
-      return;
-    }
-    // deq(xq) = e4m3 * 2^s in fp32, exactly as the reference; exact in bf16 for realistic scales.
-    const float s = ue8m0_to_float(scale);
-    uint4* dst = reinterpret_cast<uint4*>(p.xq + t * p.x_stride + b * kMxBlock);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      uint32_t w[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint32_t lo = float_to_bf16(E4m3ToFloat(codes[8 * i + 2 * j]) * s);
-        const uint32_t hi = float_to_bf16(E4m3ToFloat(codes[8 * i + 2 * j + 1]) * s);
-        w[j] = lo | (hi << 16);
-      }
-      dst[i] = make_uint4(w[0], w[1], w[2], w[3]);
-    }
+    QuantizeBlockOfX(p, idx);
     return;
   }
   // Key blocks (quant_threads is a whole number of blocks, so the branch above is block-uniform and
@@ -109,10 +123,7 @@ __global__ void __launch_bounds__(kThreads) PrepareKernel(const PrepareParams p,
   const bool in_range = pair < p.num_tokens * p.top_k;
   const int32_t id = in_range ? p.topk_ids[pair] : -1;
   if (in_range) {
-    // Out-of-range ids (any value) and -1 are skipped like ids of other ranks: key num_local.
-    const int64_t local = static_cast<int64_t>(id) - p.first_expert;
-    const bool valid = id >= 0 && local >= 0 && local < p.num_local;
-    p.keys[pair] = valid ? static_cast<int32_t>(local) : p.num_local;
+    p.keys[pair] = KeyOfId(p, id);
     if (p.pair_ids != nullptr) p.pair_ids[pair] = static_cast<int32_t>(pair);
   }
   if (p.bad_ids != nullptr) CountBadIdsOfBlock(IsBadId(id, p.num_experts), p.bad_ids);
@@ -200,11 +211,11 @@ __global__ void __launch_bounds__(kTileThreads)
 // kItems pairs (sized to the call: the sort's passes cost by the slots, not the pairs). A block
 // radix sort of (key, pair) with the pairs in blocked order is stable, like the device-wide sort:
 // pairs of one expert stay in token order.
-template <int kCtaThreads, int kItems>
-__global__ void __launch_bounds__(kCtaThreads) RouteSmallKernel(const RouteSmallParams p) {
+// key_at(pair) gives the routing key of pair < p.n.
+template <int kCtaThreads, int kItems, class KeyAt>
+__device__ void RouteSmallOfCta(const RouteSmallParams& p, KeyAt key_at) {
   constexpr int kSlots = kCtaThreads * kItems;
   using RouteSort = cub::BlockRadixSort<uint32_t, kCtaThreads, kItems, int32_t>;
-  ptx::EnterPipelineKernel();
   // The sort's storage, then the sorted keys, then the scan's: one after the other.
   __shared__ union {
     typename RouteSort::TempStorage sort;
@@ -218,7 +229,7 @@ __global__ void __launch_bounds__(kCtaThreads) RouteSmallKernel(const RouteSmall
   for (int i = 0; i < kItems; ++i) {
     const int pair = threadIdx.x * kItems + i;
     // Past n: the largest key, after every real pair (stability keeps them last among equals).
-    keys[i] = pair < p.n ? static_cast<uint32_t>(p.keys[pair]) : static_cast<uint32_t>(p.num_local);
+    keys[i] = pair < p.n ? static_cast<uint32_t>(key_at(pair)) : static_cast<uint32_t>(p.num_local);
     pairs[i] = pair;
   }
   RouteSort(storage.sort).Sort(keys, pairs, 0, p.key_bits);
@@ -233,6 +244,28 @@ __global__ void __launch_bounds__(kCtaThreads) RouteSmallKernel(const RouteSmall
   // (The offsets' searches end at a barrier before the scan reuses the keys' storage.)
   OffsetsAndTilesOfCta<kCtaThreads>(storage.sorted_keys, p.n, p.num_local, p.block_n, p.offsets, p.tile_offsets,
                                     p.tiles, p.num_tiles, storage.scan, carry);
+}
+
+template <int kCtaThreads, int kItems>
+__global__ void __launch_bounds__(kCtaThreads) RouteSmallKernel(const RouteSmallParams p) {
+  ptx::EnterPipelineKernel();
+  RouteSmallOfCta<kCtaThreads, kItems>(p, [&](int pair) { return p.keys[pair]; });
+}
+
+// The smallest calls (at most kThreads pairs) in one launch: blocks before the last quantize x as
+// PrepareKernel's quantization blocks; the last block counts the bad ids and routes, with the keys
+// taken from the ids themselves (none are written), as RouteSmallKernel<kThreads, 1>.
+__global__ void __launch_bounds__(kThreads)
+    PrepareAndRouteKernel(const PrepareParams p, int64_t quant_threads, const RouteSmallParams rp) {
+  ptx::EnterPipelineKernel();
+  if (blockIdx.x + 1 < gridDim.x) {
+    const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+    if (idx < quant_threads) QuantizeBlockOfX(p, idx);
+    return;
+  }
+  const int32_t id = static_cast<int>(threadIdx.x) < rp.n ? p.topk_ids[threadIdx.x] : -1;
+  if (p.bad_ids != nullptr) CountBadIdsOfBlock(IsBadId(id, p.num_experts), p.bad_ids);
+  RouteSmallOfCta<kThreads, 1>(rp, [&](int pair) { return KeyOfId(p, p.topk_ids[pair]); });
 }
 
 // Up to kCombineBatch of a token's rows are loaded before any is added, so that many loads are in
@@ -290,6 +323,15 @@ cudaError_t LaunchPrepare(const PrepareParams& p, cudaStream_t stream) {
   // Quantization threads are padded to whole blocks so the key blocks start at a block edge.
   return LaunchKernel(PrepareKernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, p,
                       Blocks(quant) * kThreads);
+}
+
+cudaError_t LaunchPrepareAndRoute(const PrepareParams& p, const RouteSmallParams& rp, cudaStream_t stream) {
+  if (rp.n < 0 || rp.n > kFusedRoutePairs || rp.n != p.num_tokens * p.top_k || rp.key_bits < 1 || rp.key_bits > 32)
+    return cudaErrorInvalidValue;
+  static_assert(kFusedRoutePairs == kThreads, "one slot per thread of the routing block");
+  const int64_t quant_blocks = Blocks(p.num_tokens * (p.hidden / kMxBlock));
+  return LaunchKernel(PrepareAndRouteKernel, dim3(static_cast<unsigned>(quant_blocks + 1)), dim3(kThreads), 0, stream,
+                      p, quant_blocks * kThreads, rp);
 }
 
 cudaError_t LaunchCountBadIds(const int32_t* ids, int64_t n, int64_t num_experts,

@@ -1,6 +1,6 @@
-// Every GEMM config of the SM90 path (mma.sync n8 / n8k2 / n32 / n64, wgmma wg64 / wg128 / wg128d / wg128d8),
-// against the CPU reference: the heuristics alone would leave some configs untested on small
-// shapes (and the wgmma ones only on large shapes checked against the GPU reference).
+// Every GEMM config of the SM90 path (mma.sync n8 / n8k2 / n8c2 / n32 / n64, wgmma wg64 / wg128 /
+// wg128d / wg128d8), against the CPU reference: the heuristics alone would leave some configs
+// untested on small shapes (and the wgmma ones only on large shapes checked against the GPU reference).
 #include <gtest/gtest.h>
 
 #include <initializer_list>
@@ -99,8 +99,9 @@ TEST(CudaGemmConfigs, ConfigsAgreeOnAKimiShapedLayer) {
     EXPECT_TRUE(MoeCloseF32(dc.RunF32(), ref, {in.num_tokens, s.hidden}, s.top_k * s.intermediate));
   }
   // The heuristics' own choice (heuristics.cu): at T = 1 the 16 pairs touch ~10 of the 16 experts,
-  // ~243 FC1 CTAs (24 row blocks each), past n8k2's 200; at T = 4096, 4096 pairs per expert.
-  EXPECT_EQ(moe->Plan(1), "n8");
+  // ~243 FC1 and ~142 FC2 CTAs (24 and 14 row blocks each), within n8c2's 400 / 480; at T = 4096,
+  // 4096 pairs per expert.
+  EXPECT_EQ(moe->Plan(1), "n8c2");
   EXPECT_EQ(moe->Plan(4096), "wg128d8");
 }
 

@@ -39,9 +39,15 @@ namespace mxmoe::cuda::sm90 {
 // j with j % kSplitK == s) and add their sums at the end: more warps per CTA for calls with too
 // few CTAs to fill the SMs (decode of one or two tokens). The sums are grouped differently from the
 // one-set kernels', so the result's last bits depend on the config (as between any two configs).
-template <int kBlockN_, int kStages_, int kKSub_, bool kAdaptiveWidth_ = false, int kSplitK_ = 1>
+// kClusterK: CTAs (a thread block cluster) that split the reduction of one tile into contiguous
+// parts; CTA r of the cluster takes part r and the others' sums come to CTA 0 through distributed
+// shared memory, added in rank order (perf-log v12). Each CTA keeps its own copy pipeline, so a
+// call with few tiles gets kClusterK times the CTAs, each streaming 1/kClusterK of the weights.
+template <int kBlockN_, int kStages_, int kKSub_, bool kAdaptiveWidth_ = false, int kSplitK_ = 1,
+          int kClusterK_ = 1>
 struct GemmConfig {
   static constexpr int kSplitK = kSplitK_;
+  static constexpr int kClusterK = kClusterK_;
   static constexpr int kRowWarps = 4;  // warps of one set: 64 rows each
   static constexpr int kWarps = kRowWarps * kSplitK;
   static constexpr int kThreads = 32 * kWarps;
@@ -73,6 +79,9 @@ struct GemmConfig {
   // The other sets' partial sums pass through the stages' memory at the end.
   static_assert(kSplitK == 1 || (kSplitK - 1) * kThreads / kSplitK * kMFrags * kNTiles * 16 <= kSmemBytes,
                 "split-K partial sums fit the stages");
+  static_assert(kClusterK >= 1 && kClusterK <= 8, "portable cluster size");
+  // The cluster's partial sums pass through the stages' memory of each CTA.
+  static_assert(kClusterK == 1 || kThreads * kMFrags * kNTiles * 16 <= kSmemBytes, "cluster partial sums fit");
   static_assert(kSmemStage % 128 == 0, "stages stay 128-byte aligned");
   static_assert(kSmemBytes <= 227 * 1024, "SM90 shared memory per block");
   static_assert(kFc1StagedBytes<kBlockN> <= kSmemBytes, "FC1's epilogue reuses the stages");
@@ -158,11 +167,19 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
   ptx::EnterPipelineKernel();
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // The cluster's CTAs share one work item; CTA k_part takes the reduction's steps
+  // [k_part * k_per, (k_part + 1) * k_per) (all of them without clusters).
+  const uint32_t item = blockIdx.x / Cfg::kClusterK;
+  const int k_part = Cfg::kClusterK > 1 ? static_cast<int>(ptx::ClusterCtaRank()) : 0;
   TileCoords tc;
-  if (!ReadTile<Cfg::kBlockN, kFc1>(p, tid, Cfg::kThreads, smem_rows, &tc)) return;
+  // (Both CTAs of a cluster have the same item, so they leave here together or not at all.)
+  if (!ReadTile<Cfg::kBlockN, kFc1>(p, item, tid, Cfg::kThreads, smem_rows, &tc)) return;
+  const int k_all = static_cast<int>(p.a_shape.col_tiles);
+  const int k_per = (k_all + Cfg::kClusterK - 1) / Cfg::kClusterK;
+  const int k_first = min(k_all, k_part * k_per);
+  const int k_tiles = min(k_all - k_first, k_per);  // this CTA's steps (0 for a part past the end)
   StepLoader<Cfg::kBlockN, Cfg::kThreads> loader;
-  loader.Init(p, tc, smem_rows, tid);
-  const int k_tiles = static_cast<int>(p.a_shape.col_tiles);
+  loader.Init(p, tc, smem_rows, tid, k_first);
   const int groups = loader.groups;
 
   // Stage `chunk` holds steps chunk * kKSub .. + kKSub - 1 (those before k_tiles).
@@ -240,6 +257,39 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
     }
   }
   const bool holds_sums = warp_active && k_set == 0;
+  if constexpr (Cfg::kClusterK > 1) {
+    // CTAs 1.. of the cluster leave their sums in their own stages (free: every warp is past its
+    // last step and every copy has landed); CTA 0 reads them through distributed shared memory and
+    // adds them in rank order, so runs repeat bit for bit. The second cluster barrier keeps each
+    // CTA's memory alive until CTA 0 has read it.
+    constexpr int kPer = Cfg::kMFrags * Cfg::kNTiles * 4;
+    static_assert(kPer % 4 == 0, "whole float4s");
+    float* const flat = &acc[0][0][0];
+    const uint32_t mine = ptx::SmemAddr(smem) + tid * kPer * 4;
+    __syncthreads();
+    if (k_part > 0 && holds_sums) {
+      float4* const dst = reinterpret_cast<float4*>(smem + tid * kPer * 4);
+#pragma unroll
+      for (int i = 0; i < kPer / 4; ++i)
+        dst[i] = make_float4(flat[4 * i], flat[4 * i + 1], flat[4 * i + 2], flat[4 * i + 3]);
+    }
+    ptx::ClusterSync();
+    if (k_part == 0 && holds_sums) {
+      for (int r = 1; r < Cfg::kClusterK; ++r) {
+        const uint32_t src = ptx::MapSharedToRank(mine, static_cast<uint32_t>(r));
+#pragma unroll
+        for (int i = 0; i < kPer / 4; ++i) {
+          const float4 v = ptx::LdSharedCluster128(src + 16 * i);
+          flat[4 * i] += v.x;
+          flat[4 * i + 1] += v.y;
+          flat[4 * i + 2] += v.z;
+          flat[4 * i + 3] += v.w;
+        }
+      }
+    }
+    ptx::ClusterSync();
+    if (k_part > 0) return;
+  }
   if constexpr (kFc1) {
     // The stages become the staging planes once every warp is done reading them.
     float* staged = reinterpret_cast<float*>(smem);
@@ -265,9 +315,9 @@ template <class Cfg>
 cudaError_t LaunchGemmConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, cudaStream_t stream) {
   dim3 grid;
   bool launch = false;
-  if (const cudaError_t e = GridOf(grid_ctas, &grid, &launch); e != cudaSuccess || !launch) return e;
-  return LaunchKernel(fc1 ? MoeGemmKernel<Cfg, true> : MoeGemmKernel<Cfg, false>, grid, dim3(Cfg::kThreads),
-                      Cfg::kSmemBytes, stream, p);
+  if (const cudaError_t e = GridOf(grid_ctas * Cfg::kClusterK, &grid, &launch); e != cudaSuccess || !launch) return e;
+  return LaunchKernelInClusters(fc1 ? MoeGemmKernel<Cfg, true> : MoeGemmKernel<Cfg, false>, grid,
+                                dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, Cfg::kClusterK, p);
 }
 
 template <class Cfg>
@@ -288,5 +338,9 @@ using ConfigN64 = GemmConfig<64, 3, 2>;  // prefill
 // with fewer CTAs than SMs or not many more (GPT-OSS-120B and DeepSeek-V3 at T = 1: 11-12% faster);
 // Kimi-K3 at T = 1, ~3 CTAs per SM, ran 5% slower.
 using ConfigN8SplitK = GemmConfig<8, 3, 2, false, 2>;
+// n8 with each tile's reduction split between the two CTAs of a cluster (perf-log v12): twice the
+// CTAs, each streaming half the weights, for calls whose tiles give the SMs only a few CTAs each
+// (Kimi-K3 at T = 1: 384 FC1 and 224 FC2 CTAs become 768 and 448).
+using ConfigN8Cluster2 = GemmConfig<8, 3, 1, false, 1, 2>;
 
 }  // namespace mxmoe::cuda::sm90

@@ -21,6 +21,7 @@ MXMOE_DECLARE_CONFIG(Wg128)
 MXMOE_DECLARE_CONFIG(Wg128d)
 MXMOE_DECLARE_CONFIG(Wg128d8)
 MXMOE_DECLARE_CONFIG(N8k2)
+MXMOE_DECLARE_CONFIG(N8c2)
 #undef MXMOE_DECLARE_CONFIG
 }  // namespace sm90
 
@@ -34,6 +35,7 @@ GemmConfigInfo GemmInfo(GemmConfigId id) {
     case GemmConfigId::kWg128d: return sm90::InfoWg128d();
     case GemmConfigId::kWg128d8: return sm90::InfoWg128d8();
     case GemmConfigId::kN8k2: return sm90::InfoN8k2();
+    case GemmConfigId::kN8c2: return sm90::InfoN8c2();
   }
   return sm90::InfoN8();
 }
@@ -47,6 +49,7 @@ cudaError_t PrepareGemmKernels() {
   if (e == cudaSuccess) e = sm90::PrepareGemmWg128d();
   if (e == cudaSuccess) e = sm90::PrepareGemmWg128d8();
   if (e == cudaSuccess) e = sm90::PrepareGemmN8k2();
+  if (e == cudaSuccess) e = sm90::PrepareGemmN8c2();
   return e;
 }
 
@@ -77,6 +80,7 @@ cudaError_t LaunchGemm(GemmConfigId id, bool fc1, const GemmParams& p, int64_t g
     case GemmConfigId::kWg128d: return sm90::LaunchGemmWg128d(fc1, p, grid_ctas, stream);
     case GemmConfigId::kWg128d8: return sm90::LaunchGemmWg128d8(fc1, p, grid_ctas, stream);
     case GemmConfigId::kN8k2: return sm90::LaunchGemmN8k2(fc1, p, grid_ctas, stream);
+    case GemmConfigId::kN8c2: return sm90::LaunchGemmN8c2(fc1, p, grid_ctas, stream);
   }
   return cudaErrorInvalidValue;
 }

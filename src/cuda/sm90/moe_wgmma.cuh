@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   ptx::EnterPipelineKernel();
   TileCoords tc;
   // B rows are the tile's sorted positions for both GEMMs: no per-column row table.
-  if (!ReadTile<Cfg::kBlockN, kFc1>(p, tid, Cfg::kThreads, nullptr, &tc)) return;  // (a barrier)
+  if (!ReadTile<Cfg::kBlockN, kFc1>(p, blockIdx.x, tid, Cfg::kThreads, nullptr, &tc)) return;  // (a barrier)
   const int k_tiles = static_cast<int>(p.a_shape.col_tiles);
   const int groups = GroupsOf(p, tc);
   const int width = TileWidth<Cfg::kBlockN>(tc.n_valid);

@@ -36,14 +36,14 @@ __device__ __forceinline__ int GroupsOf(const GemmParams& p, const TileCoords& t
   return static_cast<int>(p.a_shape.GroupsInBlock(tc.group0 / kBlockRowGroups));
 }
 
-// The CTA's tile, item blockIdx.x (TileOf). Unless smem_rows is null, fills smem_rows[n] with the
-// B source row of tile column n (-1 past the segment). Returns false for CTAs past the real tile
+// The CTA's tile, work item `item` (TileOf). Unless smem_rows is null, fills smem_rows[n] with the
+// B source row of tile column n (-1 past the segment). Returns false for items past the real tile
 // count (the grid is sized for the worst case before the routing is known). Ends with a barrier.
 template <int kBlockN, bool kFc1>
-__device__ __forceinline__ bool ReadTile(const GemmParams& p, int tid, int threads, int32_t* smem_rows,
-                                         TileCoords* tc) {
-  if (static_cast<int64_t>(blockIdx.x / static_cast<uint32_t>(p.m_tiles)) >= *p.num_tiles) return false;
-  *tc = TileOf<kBlockN>(p, blockIdx.x);
+__device__ __forceinline__ bool ReadTile(const GemmParams& p, uint32_t item, int tid, int threads,
+                                         int32_t* smem_rows, TileCoords* tc) {
+  if (static_cast<int64_t>(item / static_cast<uint32_t>(p.m_tiles)) >= *p.num_tiles) return false;
+  *tc = TileOf<kBlockN>(p, item);
   for (int n = tid; smem_rows != nullptr && n < kBlockN; n += threads) {
     int row = -1;
     if (n < tc->n_valid) row = kFc1 ? p.sorted_pairs[tc->seg_begin + n] / p.top_k : tc->seg_begin + n;
@@ -77,19 +77,20 @@ struct StepLoader {
   int b_dst[kBIters];
   int b_col[kBIters];
 
+  // The copies start at step first_step (a CTA that takes part of the reduction).
   __device__ __forceinline__ void Init(const GemmParams& p, const TileCoords& tc, const int32_t* smem_rows,
-                                       int tid) {
+                                       int tid, int first_step) {
     const PackedShape& shape = p.a_shape;
     groups = GroupsOf(p, tc);
     const int64_t first_tile = static_cast<int64_t>(tc.expert) * shape.Tiles() + shape.TileIndex(tc.group0, 0);
-    src_a = p.a_tiles + first_tile * kTileBytes + tid * 16;
-    src_s = p.a_scales + first_tile * kTileScaleBytes + tid * 16;
+    src_a = p.a_tiles + (first_tile + static_cast<int64_t>(first_step) * groups) * kTileBytes + tid * 16;
+    src_s = p.a_scales + (first_tile + static_cast<int64_t>(first_step) * groups) * kTileScaleBytes + tid * 16;
     a_units = 0;
 #pragma unroll
     for (int i = 0; i < kAIters; ++i) a_units += tid + i * kThreads < groups * (kTileBytes / 16) ? 1 : 0;
     s_ok = tid < groups * (kTileScaleBytes / 16);
     a_step = groups * kTileBytes;
-    col = 0;
+    col = first_step * kTileCols;
     k_valid = static_cast<int>(shape.cols);
 #pragma unroll
     for (int i = 0; i < kBIters; ++i) {
