@@ -5,7 +5,8 @@
 // with the layer kernels' says whether a kernel's time goes to the stream's shape (CTA count,
 // bytes in flight, copy instruction) or to the work between the copies (perf-log v11.3).
 //   mxmoe_stream_probe [--reps N]
-// Prints one row per configuration: copy mode, CTAs, steps, stages, spin cycles, µs, GB/s.
+// Prints the command, then one row per configuration: copy mode, CTAs, steps, stages, spin cycles,
+// µs, GB/s and % of the read roofline (SPEC section 6: 4.06 TB/s).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -202,15 +203,18 @@ int main(int argc, char** argv) {
     return Median(ms) * 1e3f;  // µs
   };
 
-  std::printf("%-8s %-12s %6s %6s %6s %6s %10s %8s\n", "mode", "shape", "ctas", "steps", "stages", "spin", "us",
-              "GB/s");
+  constexpr double kReadRoofGBs = 4060.0;
+  std::printf("command: mxmoe_stream_probe --reps %d\n", reps);
+  std::printf("%-8s %-12s %6s %6s %6s %6s %10s %8s %6s\n", "mode", "shape", "ctas", "steps", "stages", "spin", "us",
+              "GB/s", "%read");
   {
     const int64_t n = 187LL * 1000 * 1000 / 16;
     const float us = time_reps([&](int r) {
       FlatProbe<<<132 * 8, 512>>>(reinterpret_cast<const uint4*>(a) + (r % 8) * n, n, sink);
     });
-    std::printf("%-8s %-12s %6d %6s %6s %6s %10.1f %8.0f\n", "flat", "187MB", 132 * 8, "-", "-", "-", us,
-                n * 16 / us / 1e3);
+    const double gbs = n * 16 / us / 1e3;
+    std::printf("%-8s %-12s %6d %6s %6s %6s %10.1f %8.0f %6.1f\n", "flat", "187MB", 132 * 8, "-", "-", "-", us, gbs,
+                100.0 * gbs / kReadRoofGBs);
   }
 
   const Shape shapes[] = {
@@ -244,8 +248,9 @@ int main(int argc, char** argv) {
         ProbeParams p{a, s, dev + static_cast<int64_t>(r) * ctas, shape.steps, spin, sink};
         kernel<<<ctas, kThreads, smem>>>(p);
       });
-      std::printf("%-8s %-12s %6d %6d %6d %6d %10.1f %8.0f\n", mode, shape.name, ctas, shape.steps, stages, spin,
-                  us, bytes / us / 1e3);
+      const double gbs = bytes / us / 1e3;
+      std::printf("%-8s %-12s %6d %6d %6d %6d %10.1f %8.0f %6.1f\n", mode, shape.name, ctas, shape.steps, stages,
+                  spin, us, gbs, 100.0 * gbs / kReadRoofGBs);
     };
     for (int spin : {0, 1000, 2000}) {
       run("cpasync", CpAsyncProbe<3>, 3, spin);

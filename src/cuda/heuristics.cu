@@ -61,14 +61,17 @@ LaunchChoice ChooseLaunch(const LayerDims& dims, int64_t num_tokens, int64_t max
   // 38.26). n64, wg64, wg128 and wg128d are reachable only through MXMOE_GEMM_CONFIG.
   // Calls whose tiles give the SMs only a few CTAs each: n8c2, whose clusters of two CTAs split
   // each tile's reduction, so the weights stream through twice the CTAs (perf-log v12). Measured
-  // (layer µs, n8c2 / n8k2 / n8, uniform; FC1 / FC2 CTAs of n8): GPT-OSS-120B T = 1 (92 / 48)
-  // 57.5 / 65.8 / 73.5, T = 2 (184 / 96) 67.5 / 79.4 / 81.5, T = 4 (~345 / 180) 97.6 / 109.2 /
-  // 103.6; DeepSeek-V3 T = 1 (128 / 224) 92.0 / 98.0 / 110.5, T = 2 (256 / 448) 138.8 / 154.5 /
-  // 148.3; Kimi-K3 T = 1 (384 / 224) 118.9 / 124.9 / 119.3. Where n8 won: DeepSeek-V3 T = 4
-  // (~481 / 842) 253.0 against 238.4, GPT-OSS-120B T = 8 (~650 / 340) 158.3 against 153.6, Kimi-K3
-  // T = 8 597.4 against 583.4. n8c2 beat n8k2 (v10.1) on every row, so n8k2 is forced-only now.
-  // Both GEMMs run the config, so both counts are bounded: tensor-parallel slices shrink FC1's
-  // rows but not FC2's.
+  // (layer µs, n8c2 / n8k2 / n8, uniform; FC1 / FC2 CTAs of n8 by the estimate below):
+  // GPT-OSS-120B T = 1 (~91 / 47) 57.5 / 65.8 / 73.5, T = 2 (~178 / 93) 67.5 / 79.4 / 81.5, T = 4
+  // (~346 / 180) 97.6 / 109.2 / 103.6; DeepSeek-V3 T = 1 (~126 / 221) 92.0 / 98.0 / 110.5, T = 2
+  // (~248 / 434) 138.8 / 154.5 / 148.3; Kimi-K3 T = 1 (~381 / 222) 118.9 / 124.9 / 119.3. Against
+  // the thresholds: n8 won DeepSeek-V3 T = 4 (~481 / 842; 253.0 against 238.4), GPT-OSS-120B T = 8
+  // (~651 / 340; 158.3 against 153.6) and Kimi-K3 T = 8 and 16 (597.4 / 583.4, 1072.9 / 1056.9),
+  // but n8c2 won rows the thresholds give to n8: DeepSeek-V3 T = 8 by 4% (415.2 / 432.5), Kimi-K3
+  // T = 2 and 4 and DeepSeek-V3 and GPT-OSS-120B T = 16 by 1-2%. So the CTA counts do not separate
+  // the two cleanly; the thresholds take in every row n8c2 won by 6% or more (and Kimi-K3 T = 1, a
+  // tie). n8c2 beat n8k2 (v10.1) on every row, so n8k2 is forced-only now. Both GEMMs run the
+  // config, so both counts are bounded: tensor-parallel slices shrink FC1's rows but not FC2's.
   constexpr double kClusterMaxFc1Ctas = 400.0, kClusterMaxFc2Ctas = 480.0;
   const double fc1_ctas = touched * std::ceil(static_cast<double>(2 * dims.inter) / 256.0);
   const double fc2_ctas = touched * std::ceil(static_cast<double>(dims.hidden) / 256.0);

@@ -78,8 +78,8 @@ TEST(CudaGemmConfigs, EveryConfigMatchesReference) {
   }
 }
 
-// The same input through every config gives the same result up to fp32 summation order (the
-// configs split the reduction alike; only the MMA instruction and tile widths differ).
+// The same input through every config gives the same result up to fp32 summation order (the MMA
+// instruction, the tile widths and, for n8k2 and n8c2, how the reduction is split differ).
 TEST(CudaGemmConfigs, ConfigsAgreeOnAKimiShapedLayer) {
   MXMOE_REQUIRE_SM90();
   LayerShape s = kKimiK3Shape;

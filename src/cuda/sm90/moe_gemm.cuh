@@ -176,8 +176,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
   if (!ReadTile<Cfg::kBlockN, kFc1>(p, item, tid, Cfg::kThreads, smem_rows, &tc)) return;
   const int k_all = static_cast<int>(p.a_shape.col_tiles);
   const int k_per = (k_all + Cfg::kClusterK - 1) / Cfg::kClusterK;
-  const int k_first = min(k_all, k_part * k_per);
-  const int k_tiles = min(k_all - k_first, k_per);  // this CTA's steps (0 for a part past the end)
+  // Spelled out for one CTA per tile: ptxas cannot fold min(k_all, 0) (it does not know k_all >= 0),
+  // and the folded-out offset arithmetic cost n64 spills and n8 registers.
+  const int k_first = Cfg::kClusterK > 1 ? min(k_all, k_part * k_per) : 0;
+  const int k_tiles = Cfg::kClusterK > 1 ? min(k_all - k_first, k_per) : k_all;  // this CTA's steps (may be 0)
   StepLoader<Cfg::kBlockN, Cfg::kThreads> loader;
   loader.Init(p, tc, smem_rows, tid, k_first);
   const int groups = loader.groups;
@@ -264,26 +266,26 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
     // CTA's memory alive until CTA 0 has read it.
     constexpr int kPer = Cfg::kMFrags * Cfg::kNTiles * 4;
     static_assert(kPer % 4 == 0, "whole float4s");
-    float* const flat = &acc[0][0][0];
-    const uint32_t mine = ptx::SmemAddr(smem) + tid * kPer * 4;
+    float* const frag_flat = &acc[0][0][0];
+    const uint32_t smem_mine = ptx::SmemAddr(smem) + tid * kPer * 4;
     __syncthreads();
     if (k_part > 0 && holds_sums) {
-      float4* const dst = reinterpret_cast<float4*>(smem + tid * kPer * 4);
+      float4* const smem_dst = reinterpret_cast<float4*>(smem + tid * kPer * 4);
 #pragma unroll
       for (int i = 0; i < kPer / 4; ++i)
-        dst[i] = make_float4(flat[4 * i], flat[4 * i + 1], flat[4 * i + 2], flat[4 * i + 3]);
+        smem_dst[i] = make_float4(frag_flat[4 * i], frag_flat[4 * i + 1], frag_flat[4 * i + 2], frag_flat[4 * i + 3]);
     }
     ptx::ClusterSync();
     if (k_part == 0 && holds_sums) {
       for (int r = 1; r < Cfg::kClusterK; ++r) {
-        const uint32_t src = ptx::MapSharedToRank(mine, static_cast<uint32_t>(r));
+        const uint32_t dsmem_src = ptx::MapSharedToRank(smem_mine, static_cast<uint32_t>(r));
 #pragma unroll
         for (int i = 0; i < kPer / 4; ++i) {
-          const float4 v = ptx::LdSharedCluster128(src + 16 * i);
-          flat[4 * i] += v.x;
-          flat[4 * i + 1] += v.y;
-          flat[4 * i + 2] += v.z;
-          flat[4 * i + 3] += v.w;
+          const float4 v = ptx::LdSharedCluster128(dsmem_src + 16 * i);
+          frag_flat[4 * i] += v.x;
+          frag_flat[4 * i + 1] += v.y;
+          frag_flat[4 * i + 2] += v.z;
+          frag_flat[4 * i + 3] += v.w;
         }
       }
     }
@@ -334,13 +336,13 @@ using ConfigN8 = GemmConfig<8, 3, 1>;
 // ~18 pairs per expert: 6874 -> 6391 µs, perf-log v10).
 using ConfigN32 = GemmConfig<32, 4, 1, true>;
 using ConfigN64 = GemmConfig<64, 3, 2>;  // prefill
-// n8 with the steps of each stage split between two sets of 4 warps (perf-log v10.1), for calls
-// with fewer CTAs than SMs or not many more (GPT-OSS-120B and DeepSeek-V3 at T = 1: 11-12% faster);
-// Kimi-K3 at T = 1, ~3 CTAs per SM, ran 5% slower.
+// n8 with the steps of each stage split between two sets of 4 warps (perf-log v10.1: GPT-OSS-120B
+// and DeepSeek-V3 at T = 1 11-12% faster than n8, Kimi-K3 5% slower). Forced only since n8c2
+// (v12), which was faster on every row measured.
 using ConfigN8SplitK = GemmConfig<8, 3, 2, false, 2>;
 // n8 with each tile's reduction split between the two CTAs of a cluster (perf-log v12): twice the
 // CTAs, each streaming half the weights, for calls whose tiles give the SMs only a few CTAs each
-// (Kimi-K3 at T = 1: 384 FC1 and 224 FC2 CTAs become 768 and 448).
+// (Kimi-K3 at T = 1: ~381 FC1 and ~222 FC2 CTAs become twice as many).
 using ConfigN8Cluster2 = GemmConfig<8, 3, 1, false, 1, 2>;
 
 }  // namespace mxmoe::cuda::sm90
