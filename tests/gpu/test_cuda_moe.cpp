@@ -162,6 +162,25 @@ TEST(CudaMoeSmall, AllKindsPatternsAndTokenCountsMatchReference) {
   }
 }
 
+// 256 pairs are the most that quantize and route in one launch (kFusedRoutePairs); 260 take the
+// two-launch path. Both sides of the boundary, with -1 slots among them.
+TEST(CudaMoeSmall, FusedRoutingBoundaryMatchesReference) {
+  MXMOE_REQUIRE_SM90();
+  const LayerShape s{16, 256, 160, 4};
+  ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 61);
+  auto moe = MakeCudaMoe(set);
+  ASSERT_TRUE(moe);
+  uint64_t seed = 62;
+  for (RoutingPattern pat : {RoutingPattern::kUniform, RoutingPattern::kWithInvalid}) {
+    for (int64_t t : {64, 65}) {
+      SCOPED_TRACE(std::string(RoutingPatternName(pat)) + " T=" + std::to_string(t));
+      const SyntheticInput in = Input(s, t, pat, ++seed);
+      DeviceCase dc(*moe, in);
+      EXPECT_TRUE(MoeCloseF32(dc.RunF32(), CpuF32(set, in, false), {t, s.hidden}, s.top_k * s.intermediate));
+    }
+  }
+}
+
 TEST(CudaMoeSmall, PrequantizedInputMatchesReference) {
   MXMOE_REQUIRE_SM90();
   const LayerShape s{8, 192, 96, 3};
