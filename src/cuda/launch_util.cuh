@@ -42,11 +42,8 @@ inline bool PdlEnabled() {
   return on;
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when PdlEnabled(): the
-// kernel must call ptx::GridDependencyWait before it touches global memory. Works under stream
-// capture (the graph gets a programmatic edge).
-// LaunchKernelInClusters: the same in thread block clusters of `cluster_x` consecutive CTAs along x
-// (grid.x a multiple of it).
+// LaunchKernel in thread block clusters of `cluster_x` consecutive CTAs along x (grid.x a multiple
+// of it; 1: no clusters).
 template <class... Params, class... Args>
 cudaError_t LaunchKernelInClusters(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                                    cudaStream_t stream, unsigned cluster_x, Args&&... args) {
@@ -73,6 +70,9 @@ cudaError_t LaunchKernelInClusters(void (*kernel)(Params...), dim3 grid, dim3 bl
   config.numAttrs = n;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
+// kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when PdlEnabled(): the
+// kernel must call ptx::GridDependencyWait before it touches global memory. Works under stream
+// capture (the graph gets a programmatic edge).
 template <class... Params, class... Args>
 cudaError_t LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                          Args&&... args) {

@@ -82,9 +82,10 @@ struct StepLoader {
                                        int tid, int first_step) {
     const PackedShape& shape = p.a_shape;
     groups = GroupsOf(p, tc);
-    const int64_t first_tile = static_cast<int64_t>(tc.expert) * shape.Tiles() + shape.TileIndex(tc.group0, 0);
-    src_a = p.a_tiles + (first_tile + static_cast<int64_t>(first_step) * groups) * kTileBytes + tid * 16;
-    src_s = p.a_scales + (first_tile + static_cast<int64_t>(first_step) * groups) * kTileScaleBytes + tid * 16;
+    const int64_t first_tile =
+        static_cast<int64_t>(tc.expert) * shape.Tiles() + shape.TileIndex(tc.group0, first_step);
+    src_a = p.a_tiles + first_tile * kTileBytes + tid * 16;
+    src_s = p.a_scales + first_tile * kTileScaleBytes + tid * 16;
     a_units = 0;
 #pragma unroll
     for (int i = 0; i < kAIters; ++i) a_units += tid + i * kThreads < groups * (kTileBytes / 16) ? 1 : 0;
