@@ -10,7 +10,7 @@
 //     reg 0: row g,     k = 16 ks + 2c, +1        reg 1: row g + 8, same k
 //     reg 2: row g,     k = 16 ks + 2c + 8, +9    reg 3: row g + 8, same k
 //   each reg two E2M1 codes (low half = even k), their bits placed so that a shift and a mask
-//   turn them into bf16 bits (see DecodeWord).
+//   (a shift, two masks and a multiplication for reg 3) turn them into bf16 bits (see DecodeWord).
 // Beside each tile, 32 bytes of scales: word g = the UE8M0-derived exponents of (row g, block 0),
 // (row g + 8, block 0), (row g, block 1), (row g + 8, block 1) of the tile's two 32-blocks.
 //
@@ -84,14 +84,15 @@ MXMOE_HD int ScaleShiftFor(int b_max) { return b_max > 128 ? b_max - 128 : 0; }
 
 // Bit positions of (sign, e1, e0, m) of the code in register `reg`, half `hi` of a packed word.
 // reg 0 is bf16 bits as they stand (sign 15, exponent bits 8..7, mantissa bit 6); regs 1 and 2
-// sit 3 and 6 bits lower; reg 3 fills the four bits left over in each half.
+// sit 3 and 6 bits lower; reg 3 fills the four bits left over in each half (14, 13, 11, 10), in
+// the order that lets DecodeWord move all four with one multiplication (see there).
 MXMOE_HD void CodeBitPositions(int reg, int hi, int pos[4]) {
   int s, e1, e0, m;
   switch (reg) {
     case 0: s = 15, e1 = 8, e0 = 7, m = 6; break;
     case 1: s = 12, e1 = 5, e0 = 4, m = 3; break;
     case 2: s = 9, e1 = 2, e0 = 1, m = 0; break;
-    default: s = 14, e1 = 13, e0 = 11, m = 10; break;
+    default: s = 13, e1 = 11, e0 = 10, m = 14; break;
   }
   const int off = hi ? 16 : 0;
   pos[0] = s + off;
@@ -127,13 +128,18 @@ MXMOE_HD uint8_t CodeAt(uint32_t w, int reg, int hi) {
 
 // The fast decode the kernels use: four bf16x2 registers whose bits are the E2M1 bit patterns
 // moved into place, i.e. the E2M1 values times 2^-126 (E2M1's subnormal 0.5 lands on bf16's
-// subnormal 2^-127, which is why the factor is 2^-126 and not a normal power). 11 integer ops.
+// subnormal 2^-127, which is why the factor is 2^-126 and not a normal power). 9 integer ops.
+// Register 3's bits need three different moves. After a right shift by 8 they sit at 2, 3, 5, 6
+// of each half (e0, e1, sign, m), and one multiplication by 1 + 2^5 + 2^10 adds three shifted
+// copies of them. The copies' 24 bit positions below 32 are all distinct, so the sum has no carries
+// and is their OR; the mask keeps e0 and e1 from the 2^5 copy (7, 8), the sign from the 2^10 copy
+// (15) and m from the unshifted one (6), and the same 16 bits higher in the upper half.
 MXMOE_HD void DecodeWord(uint32_t w, uint32_t r[4]) {
   constexpr uint32_t kMask = 0x81C081C0u;  // sign, exponent bits 1..0 and mantissa bit 6 per half
   r[0] = w & kMask;
   r[1] = (w << 3) & kMask;
   r[2] = (w << 6) & kMask;
-  r[3] = ((w << 1) & 0x80008000u) | ((w >> 5) & 0x01000100u) | ((w >> 4) & 0x00C000C0u);
+  r[3] = (((w >> 8) & 0x006C006Cu) * 0x421u) & kMask;
 }
 
 // Element (r, k) of one expert's prepacked matrix, dequantized (the reference's scalar path).
