@@ -72,11 +72,28 @@ LaunchChoice ChooseLaunch(const LayerDims& dims, int64_t num_tokens, int64_t max
   // the two cleanly; the thresholds take in every row n8c2 won by 6% or more (and Kimi-K3 T = 1, a
   // tie). n8c2 beat n8k2 (v10.1) on every row, so n8k2 is forced-only now. Both GEMMs run the
   // config, so both counts are bounded: tensor-parallel slices shrink FC1's rows but not FC2's.
+  // n8 and n32 meet at ~6 pairs per expert (perf-log v13.1): above that, more and more experts
+  // get more than 8 pairs, and n8 streams their weights once per 8 of them. Layer µs, n8 / n32,
+  // graph replay, uniform, mean of two rounds: Kimi-K3 T = 256 (4.6 pairs) 4227.6 / 4354.3, T = 384
+  // (6.9) 5065.8 / 4648.6, T = 512 (9.1) 6177.1 / 4936.4; GPT-OSS-120B T = 128 (4.0) 459.5 / 493.6,
+  // T = 192 (6.0) 516.7 / 517.3, T = 256 (8.0) 618.5 / 547.7; DeepSeek-V3 T = 128 (4.0) 1501.2 /
+  // 1579.6, T = 192 (6.0) 1795.4 / 1737.5. (Up to v13 the bound was 12 pairs, which cost Kimi-K3
+  // T = 512 25%.) Calls with few CTAs between 6 and 12 pairs per expert were not measured apart;
+  // they go to n32 with the rest, for the same reason.
+  // The fewest tiles of all: n8c4, clusters of four (perf-log v13.2). Layer µs, n8c4 / n8c2 / n8,
+  // graph replay, two rounds: GPT-OSS-120B T = 1 (~91 / 47 n8 CTAs) 46.5-46.7 / 50.8-50.9 / 65.9;
+  // it lost where n8c2's bounds hold with more tiles: GPT-OSS-120B T = 2 (~178 / 93) 66.4-66.7 /
+  // 60.9-61.0, DeepSeek-V3 T = 1 (~126 / 221) 90.7-91.2 / 83.1-83.5, Kimi-K3 T = 1 125.5-126.3 /
+  // 107.9-108.1.
+  constexpr double kNarrowMaxPairs = 6.0;
   constexpr double kClusterMaxFc1Ctas = 400.0, kClusterMaxFc2Ctas = 480.0;
+  constexpr double kCluster4MaxCtas = 120.0;
   const double fc1_ctas = touched * std::ceil(static_cast<double>(2 * dims.inter) / 256.0);
   const double fc2_ctas = touched * std::ceil(static_cast<double>(dims.hidden) / 256.0);
   const bool few_ctas = fc1_ctas <= kClusterMaxFc1Ctas && fc2_ctas <= kClusterMaxFc2Ctas;
-  if (c.pairs_per_expert <= 12.0) c.gemm = few_ctas ? GemmConfigId::kN8c2 : GemmConfigId::kN8;
+  const bool fewest_ctas = fc1_ctas <= kCluster4MaxCtas && fc2_ctas <= kCluster4MaxCtas;
+  if (c.pairs_per_expert < kNarrowMaxPairs)
+    c.gemm = fewest_ctas ? GemmConfigId::kN8c4 : few_ctas ? GemmConfigId::kN8c2 : GemmConfigId::kN8;
   else if (c.pairs_per_expert < 32.0) c.gemm = GemmConfigId::kN32;
   else c.gemm = GemmConfigId::kWg128d8;
   const int forced = ForcedConfig().load(std::memory_order_relaxed);

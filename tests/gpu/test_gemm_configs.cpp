@@ -1,5 +1,5 @@
-// Every GEMM config of the SM90 path (mma.sync n8 / n8k2 / n8c2 / n32 / n64, wgmma wg64 / wg128 /
-// wg128d / wg128d8), against the CPU reference: the heuristics alone would leave some configs
+// Every GEMM config of the SM90 path (mma.sync n8 / n8k2 / n8c2 / n8c4 / n32 / n64, wgmma wg32x2d / wg64 /
+// wg128 / wg128d / wg128d8), against the CPU reference: the heuristics alone would leave some configs
 // untested on small shapes (and the wgmma ones only on large shapes checked against the GPU reference).
 #include <gtest/gtest.h>
 
@@ -103,6 +103,37 @@ TEST(CudaGemmConfigs, ConfigsAgreeOnAKimiShapedLayer) {
   // 4096 pairs per expert.
   EXPECT_EQ(moe->Plan(1), "n8c2");
   EXPECT_EQ(moe->Plan(4096), "wg128d8");
+}
+
+// The heuristics' narrow-tile boundary (heuristics.cu, perf-log v13.1): n8 below ~6 pairs per
+// expert, n32 from there (n8 streams an expert's weights once per 8 of its pairs), on the three
+// benchmark shapes at the token counts either side of where the two configs met on the H200; the
+// clusters for the fewest tiles (n8c4 for GPT-OSS-120B's single token, n8c2 for two tokens and for
+// Kimi-K3's and DeepSeek-V3's single token; perf-log v13.2); wg128d8 from 32 pairs per expert.
+// Host code only.
+TEST(CudaHeuristics, NarrowTileUpToSixPairsPerExpert) {
+  const ForcedConfig none(-1);  // the heuristics' own choice, whatever MXMOE_GEMM_CONFIG says
+  struct Case {
+    const char* shape;
+    cuda::LayerDims dims;
+    int64_t tokens;
+    cuda::GemmConfigId want;
+  };
+  const cuda::LayerDims kimi{3584, 3072, 16, 896, 896}, gpt{2880, 2880, 4, 128, 128}, deepseek{7168, 2048, 8, 256, 256};
+  const Case cases[] = {
+      {"kimi-k3", kimi, 1, cuda::GemmConfigId::kN8c2},         {"kimi-k3", kimi, 256, cuda::GemmConfigId::kN8},
+      {"kimi-k3", kimi, 384, cuda::GemmConfigId::kN32},        {"kimi-k3", kimi, 512, cuda::GemmConfigId::kN32},
+      {"kimi-k3", kimi, 1024, cuda::GemmConfigId::kN32},       {"kimi-k3", kimi, 4096, cuda::GemmConfigId::kWg128d8},
+      {"gpt-oss-120b", gpt, 1, cuda::GemmConfigId::kN8c4},     {"gpt-oss-120b", gpt, 2, cuda::GemmConfigId::kN8c2},
+      {"gpt-oss-120b", gpt, 128, cuda::GemmConfigId::kN8},     {"gpt-oss-120b", gpt, 256, cuda::GemmConfigId::kN32},
+      {"deepseek-v3", deepseek, 1, cuda::GemmConfigId::kN8c2}, {"deepseek-v3", deepseek, 128, cuda::GemmConfigId::kN8},
+      {"deepseek-v3", deepseek, 192, cuda::GemmConfigId::kN32},
+  };
+  for (const Case& c : cases) {
+    const cuda::LaunchChoice got = cuda::ChooseLaunch(c.dims, c.tokens, int64_t{1} << 20);
+    EXPECT_EQ(cuda::GemmInfo(got.gemm).name, std::string(cuda::GemmInfo(c.want).name))
+        << c.shape << " T = " << c.tokens << " (~" << got.pairs_per_expert << " pairs per expert)";
+  }
 }
 
 // The persistent FC1 kernel (wg128) with its CTAs capped, so that each CTA takes many work items

@@ -344,5 +344,8 @@ using ConfigN8SplitK = GemmConfig<8, 3, 2, false, 2>;
 // CTAs, each streaming half the weights, for calls whose tiles give the SMs only a few CTAs each
 // (Kimi-K3 at T = 1: ~381 FC1 and ~222 FC2 CTAs become twice as many).
 using ConfigN8Cluster2 = GemmConfig<8, 3, 1, false, 1, 2>;
+// n8c2 with clusters of four CTAs, each a quarter of the reduction, for calls with still fewer tiles
+// (GPT-OSS-120B at T = 1: ~91 FC1 and ~47 FC2 tiles). perf-log v13.2.
+using ConfigN8Cluster4 = GemmConfig<8, 3, 1, false, 1, 4>;
 
 }  // namespace mxmoe::cuda::sm90

@@ -22,6 +22,8 @@ MXMOE_DECLARE_CONFIG(Wg128d)
 MXMOE_DECLARE_CONFIG(Wg128d8)
 MXMOE_DECLARE_CONFIG(N8k2)
 MXMOE_DECLARE_CONFIG(N8c2)
+MXMOE_DECLARE_CONFIG(Wg32x2d)
+MXMOE_DECLARE_CONFIG(N8c4)
 #undef MXMOE_DECLARE_CONFIG
 }  // namespace sm90
 
@@ -36,6 +38,8 @@ GemmConfigInfo GemmInfo(GemmConfigId id) {
     case GemmConfigId::kWg128d8: return sm90::InfoWg128d8();
     case GemmConfigId::kN8k2: return sm90::InfoN8k2();
     case GemmConfigId::kN8c2: return sm90::InfoN8c2();
+    case GemmConfigId::kWg32x2d: return sm90::InfoWg32x2d();
+    case GemmConfigId::kN8c4: return sm90::InfoN8c4();
   }
   return sm90::InfoN8();
 }
@@ -50,6 +54,8 @@ cudaError_t PrepareGemmKernels() {
   if (e == cudaSuccess) e = sm90::PrepareGemmWg128d8();
   if (e == cudaSuccess) e = sm90::PrepareGemmN8k2();
   if (e == cudaSuccess) e = sm90::PrepareGemmN8c2();
+  if (e == cudaSuccess) e = sm90::PrepareGemmWg32x2d();
+  if (e == cudaSuccess) e = sm90::PrepareGemmN8c4();
   return e;
 }
 
@@ -81,6 +87,8 @@ cudaError_t LaunchGemm(GemmConfigId id, bool fc1, const GemmParams& p, int64_t g
     case GemmConfigId::kWg128d8: return sm90::LaunchGemmWg128d8(fc1, p, grid_ctas, stream);
     case GemmConfigId::kN8k2: return sm90::LaunchGemmN8k2(fc1, p, grid_ctas, stream);
     case GemmConfigId::kN8c2: return sm90::LaunchGemmN8c2(fc1, p, grid_ctas, stream);
+    case GemmConfigId::kWg32x2d: return sm90::LaunchGemmWg32x2d(fc1, p, grid_ctas, stream);
+    case GemmConfigId::kN8c4: return sm90::LaunchGemmN8c4(fc1, p, grid_ctas, stream);
   }
   return cudaErrorInvalidValue;
 }

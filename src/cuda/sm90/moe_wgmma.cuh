@@ -50,8 +50,11 @@ namespace mxmoe::cuda::sm90 {
 // kInFlight: MMA groups (one k16 step of a consumer warpgroup) left in flight while the next step is
 // dequantized, 1 or 3 (kInFlight + 1 register sets for A, indexed by the step within a 64-wide
 // stage).
-template <int kBlockN_, int kStages_, int kInFlight_ = 1>
+// kCtasPerSm: CTAs per SM the registers are split for (launch bounds and setmaxnreg); 2 only for
+// narrow tiles, whose accumulators fit the consumers' smaller share.
+template <int kBlockN_, int kStages_, int kInFlight_ = 1, int kCtasPerSm_ = 1>
 struct WgmmaConfig {
+  static constexpr int kCtasPerSm = kCtasPerSm_;
   static constexpr int kConsumers = 2;  // consumer warpgroups
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kMFrags = kWarpRowGroups / kConsumers;  // m64 MMAs per consumer and k16 step
@@ -70,10 +73,11 @@ struct WgmmaConfig {
   // Dynamic shared memory is only 16-byte aligned: 1 KB of slack to align the stages.
   static constexpr int kSmemBytes = 1024 + kStages * kSmemStage + kSmemBars;
   // NOTE: setmaxnreg moves registers between the warpgroups of the CTA, which got kLaunchRegs per
-  // thread at launch (65536 / 384, in steps of 8): 128 x 40 + 256 x 232 = 384 x 168 = 64512.
-  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+  // thread at launch (65536 / 384 / kCtasPerSm, in steps of 8): one CTA per SM
+  // 128 x 40 + 256 x 232 = 384 x 168 = 64512; two, 128 x 40 + 256 x 96 <= 384 x 80.
+  static constexpr int kLaunchRegs = 65536 / kCtasPerSm / kThreads / 8 * 8;
   static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
+  static constexpr int kConsumerRegs = (kLaunchRegs * kThreads - 128 * kProducerRegs) / (128 * kConsumers) / 8 * 8;
 
   static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= 128, "wgmma N: a multiple of 8 (<= 128 here)");
   static_assert(kStages >= 2 && kStages <= 8, "stages");
@@ -81,6 +85,8 @@ struct WgmmaConfig {
   static_assert(kSmemBytes <= 227 * 1024, "SM90 shared memory per block");
   static_assert(kFc1StagedBytes<kBlockN> <= kStages * kSmemStage, "FC1's epilogue reuses the stages");
   static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= kLaunchRegs * kThreads, "setmaxnreg");
+  static_assert(kConsumerRegs <= 256 && kConsumerRegs >= kMFrags * kBlockN / 2 + 64, "room beside the accumulators");
+  static_assert(kCtasPerSm * (kSmemBytes + 1024) <= 228 * 1024, "kCtasPerSm CTAs' shared memory on one SM");
 };
 
 // ---- device pieces ----------------------------------------------------------------------------
@@ -272,7 +278,7 @@ __device__ __forceinline__ void InitStageBarriers(const StageMap<Cfg>& sm) {
 // p.b (rows in sorted order) through two tensor maps, boxes of 64 columns x BLOCK_N rows (wide) and
 // x 8 rows (narrow).
 template <class Cfg, bool kFc1>
-__global__ void __launch_bounds__(Cfg::kThreads, 1)
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     MoeWgmmaKernel(const __grid_constant__ GemmParams p, const __grid_constant__ CUtensorMap map_wide,
                    const __grid_constant__ CUtensorMap map_narrow) {
 #if MXMOE_WGMMA_AVAILABLE
@@ -547,5 +553,11 @@ using ConfigWg128Deep = WgmmaConfig<128, 6, 3>;
 // heuristics' config from 32 pairs per expert (perf-log v10: the fastest of wg128 / wg128d /
 // wg128d8 at T = 2048-16384).
 using ConfigWg128Deep8 = WgmmaConfig<128, 8, 3>;
+// Tiles of up to 32 tokens, 3 MMA groups in flight, two CTAs per SM (105 KB of shared memory and
+// 80 registers per thread each; consumers at 96): the wgmma rate and 16 consumer warps per SM for
+// n32's range, 6-32 pairs per expert. Forced only: against n32 (perf-log v13.1) it was 1-6% ahead
+// on DeepSeek-V3 T = 192-1024 but for T = 384, 1-2.5% ahead on Kimi-K3 T = 768-1024 and behind
+// below, and 1.4-3.9% behind on GPT-OSS-120B. With one MMA group in flight it was no faster.
+using ConfigWg32x2Deep = WgmmaConfig<32, 8, 3, 2>;
 
 }  // namespace mxmoe::cuda::sm90
