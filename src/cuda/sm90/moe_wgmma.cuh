@@ -5,7 +5,7 @@
 //
 // Formulation ("swapped AB", as in moe_gemm.cuh): M = weight rows, N = tokens. A CTA computes 256
 // weight rows x BLOCK_N tokens of one expert over the whole reduction, in 64-wide steps; its MMAs
-// are as wide as the tile's valid tokens rounded up (TileWidth: 8, 16, 24, 32, 48, ..., BLOCK_N).
+// are as wide as the tile's valid tokens rounded up to a multiple of 8 (TileWidth).
 // Warp-specialized, three warpgroups:
 //   producer (warpgroup 0, one warp busy, few registers): per step, into a free stage, the block's
 //     prepacked MXFP4 tiles and scales with two 1D bulk copies (contiguous in weight_layout.h),
@@ -127,15 +127,20 @@ __device__ __forceinline__ void IssueStep(const uint4 (&frag_a)[kMFrags], const 
   wgmma::Wait<kASets - 1>();
 }
 
-// The tile widths the MMAs take: a tile's valid columns rounded up to a multiple of 8 up to 32 and
-// of 16 above, at most BLOCK_N. An expert's last tile (or its only one: ~73 tokens at T = 4096 for
-// Kimi-K3) then spends no MMA on more than 15 padding columns.
-__host__ __device__ constexpr int NextWidth(int n) { return n < 32 ? n + 8 : n + 16; }
+// The tile widths the MMAs take: a tile's valid columns rounded up to a multiple of 8, at most
+// BLOCK_N. An expert's last tile (or its only one: ~73 tokens at T = 4096 for Kimi-K3, ~98 in
+// T = 16384's chunks) then spends no MMA on more than 7 padding columns (15 with v13's steps of 16
+// above 32; perf-log v13.3). kCoarse keeps steps of 16 above 32: the persistent FC1 kernel, where
+// the finer widths' instantiations made ptxas serialize the wgmma (C7512).
+template <bool kCoarse = false>
+__host__ __device__ constexpr int NextWidth(int n) {
+  return kCoarse && n >= 32 ? n + 16 : n + 8;
+}
 
-template <int kBlockN, int kMinWidth = 8>
+template <int kBlockN, int kMinWidth = 8, bool kCoarse = false>
 __device__ __forceinline__ int TileWidth(int n_valid) {
   int w = kMinWidth;
-  while (w < n_valid && w < kBlockN) w = NextWidth(w);
+  while (w < n_valid && w < kBlockN) w = NextWidth<kCoarse>(w);
   return w < kBlockN ? w : kBlockN;
 }
 
@@ -215,15 +220,16 @@ __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const Consu
   tail(acc);
 }
 
-// ConsumeTile at the tile's width (uniform over the CTA), one instantiation per width.
-template <class Cfg, int kN = 8, class Tail>
+// ConsumeTile at the tile's width (uniform over the CTA), one instantiation per width (those of
+// TileWidth<..., kCoarse>).
+template <class Cfg, int kN = 8, bool kCoarse = false, class Tail>
 __device__ __forceinline__ void ConsumeTileOfWidth(int width, const StageMap<Cfg>& sm, const ConsumerArgs& c,
                                                    const Tail& tail) {
   if constexpr (kN >= Cfg::kBlockN) {
     ConsumeTile<Cfg, Cfg::kBlockN>(sm, c, tail);
   } else {
     if (width <= kN) ConsumeTile<Cfg, kN>(sm, c, tail);
-    else ConsumeTileOfWidth<Cfg, NextWidth(kN)>(width, sm, c, tail);
+    else ConsumeTileOfWidth<Cfg, NextWidth<kCoarse>(kN), kCoarse>(width, sm, c, tail);
   }
 }
 
@@ -417,7 +423,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
         const TileCoords tc = TileOf<Cfg::kBlockN>(p, item);
         ProduceTile(p, tc, sm, &map_wide, &map_narrow, GroupsOf(p, tc),
-                    TileWidth<Cfg::kBlockN, Layout::kMinWidth>(tc.n_valid), k_tiles, step, lane);
+                    TileWidth<Cfg::kBlockN, Layout::kMinWidth, true>(tc.n_valid), k_tiles, step, lane);
         step += k_tiles;
         uint32_t next = 0;
         if (lane == 0) next = gridDim.x + atomicAdd(reinterpret_cast<unsigned int*>(p.work_counter), 1u);
@@ -454,11 +460,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     bool active;
     {
       const TileCoords tc = TileOf<Cfg::kBlockN>(p, item);
-      width = TileWidth<Cfg::kBlockN, Layout::kMinWidth>(tc.n_valid);
+      width = TileWidth<Cfg::kBlockN, Layout::kMinWidth, true>(tc.n_valid);
       active = FragRowGroup<Cfg::kMFrags, Cfg::kConsumers>(warp, wg, 0) < GroupsOf(p, tc);
     }
     const ConsumerArgs c{k_tiles, warp, wg, lane, active, step};
-    ConsumeTileOfWidth<Cfg, Layout::kMinWidth>(width, sm, c, [&](const auto& acc) {
+    ConsumeTileOfWidth<Cfg, Layout::kMinWidth, true>(width, sm, c, [&](const auto& acc) {
       constexpr int kNTiles = kAccTiles<decltype(acc)>;
       // (The tile is looked up again here: kept across the main loop, it cost registers the
       // MMAs need.)

@@ -195,18 +195,36 @@ MXMOE_WGMMA_RS(4, "m64n32k16",
                "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}",
                "{%16, %17, %18, %19}, %20", "%21",
                MXMOE_WGMMA_D(0), MXMOE_WGMMA_D(1), MXMOE_WGMMA_D(2), MXMOE_WGMMA_D(3))
+MXMOE_WGMMA_RS(5, "m64n40k16",
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+               ", %16, %17, %18, %19}",
+               "{%20, %21, %22, %23}, %24", "%25",
+               MXMOE_WGMMA_D(0), MXMOE_WGMMA_D(1), MXMOE_WGMMA_D(2), MXMOE_WGMMA_D(3), MXMOE_WGMMA_D(4))
 MXMOE_WGMMA_RS(6, "m64n48k16",
                "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
                ", %16, %17, %18, %19, %20, %21, %22, %23}",
                "{%24, %25, %26, %27}, %28", "%29",
                MXMOE_WGMMA_D(0), MXMOE_WGMMA_D(1), MXMOE_WGMMA_D(2), MXMOE_WGMMA_D(3), MXMOE_WGMMA_D(4),
                MXMOE_WGMMA_D(5))
+MXMOE_WGMMA_RS(7, "m64n56k16",
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+               ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27}",
+               "{%28, %29, %30, %31}, %32", "%33",
+               MXMOE_WGMMA_D(0), MXMOE_WGMMA_D(1), MXMOE_WGMMA_D(2), MXMOE_WGMMA_D(3), MXMOE_WGMMA_D(4),
+               MXMOE_WGMMA_D(5), MXMOE_WGMMA_D(6))
 MXMOE_WGMMA_RS(8, "m64n64k16",
                "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
                ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}",
                "{%32, %33, %34, %35}, %36", "%37",
                MXMOE_WGMMA_D(0), MXMOE_WGMMA_D(1), MXMOE_WGMMA_D(2), MXMOE_WGMMA_D(3), MXMOE_WGMMA_D(4),
                MXMOE_WGMMA_D(5), MXMOE_WGMMA_D(6), MXMOE_WGMMA_D(7))
+MXMOE_WGMMA_RS(9, "m64n72k16",
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+               ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+               ", %32, %33, %34, %35}",
+               "{%36, %37, %38, %39}, %40", "%41",
+               MXMOE_WGMMA_D(0), MXMOE_WGMMA_D(1), MXMOE_WGMMA_D(2), MXMOE_WGMMA_D(3), MXMOE_WGMMA_D(4),
+               MXMOE_WGMMA_D(5), MXMOE_WGMMA_D(6), MXMOE_WGMMA_D(7), MXMOE_WGMMA_D(8))
 MXMOE_WGMMA_RS(10, "m64n80k16",
                "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
                ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
@@ -214,6 +232,14 @@ MXMOE_WGMMA_RS(10, "m64n80k16",
                "{%40, %41, %42, %43}, %44", "%45",
                MXMOE_WGMMA_D(0), MXMOE_WGMMA_D(1), MXMOE_WGMMA_D(2), MXMOE_WGMMA_D(3), MXMOE_WGMMA_D(4),
                MXMOE_WGMMA_D(5), MXMOE_WGMMA_D(6), MXMOE_WGMMA_D(7), MXMOE_WGMMA_D(8), MXMOE_WGMMA_D(9))
+MXMOE_WGMMA_RS(11, "m64n88k16",
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+               ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+               ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43}",
+               "{%44, %45, %46, %47}, %48", "%49",
+               MXMOE_WGMMA_D(0), MXMOE_WGMMA_D(1), MXMOE_WGMMA_D(2), MXMOE_WGMMA_D(3), MXMOE_WGMMA_D(4),
+               MXMOE_WGMMA_D(5), MXMOE_WGMMA_D(6), MXMOE_WGMMA_D(7), MXMOE_WGMMA_D(8), MXMOE_WGMMA_D(9),
+               MXMOE_WGMMA_D(10))
 MXMOE_WGMMA_RS(12, "m64n96k16",
                "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
                ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
@@ -222,6 +248,15 @@ MXMOE_WGMMA_RS(12, "m64n96k16",
                MXMOE_WGMMA_D(0), MXMOE_WGMMA_D(1), MXMOE_WGMMA_D(2), MXMOE_WGMMA_D(3), MXMOE_WGMMA_D(4),
                MXMOE_WGMMA_D(5), MXMOE_WGMMA_D(6), MXMOE_WGMMA_D(7), MXMOE_WGMMA_D(8), MXMOE_WGMMA_D(9),
                MXMOE_WGMMA_D(10), MXMOE_WGMMA_D(11))
+MXMOE_WGMMA_RS(13, "m64n104k16",
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+               ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+               ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
+               ", %48, %49, %50, %51}",
+               "{%52, %53, %54, %55}, %56", "%57",
+               MXMOE_WGMMA_D(0), MXMOE_WGMMA_D(1), MXMOE_WGMMA_D(2), MXMOE_WGMMA_D(3), MXMOE_WGMMA_D(4),
+               MXMOE_WGMMA_D(5), MXMOE_WGMMA_D(6), MXMOE_WGMMA_D(7), MXMOE_WGMMA_D(8), MXMOE_WGMMA_D(9),
+               MXMOE_WGMMA_D(10), MXMOE_WGMMA_D(11), MXMOE_WGMMA_D(12))
 MXMOE_WGMMA_RS(14, "m64n112k16",
                "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
                ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
@@ -231,6 +266,15 @@ MXMOE_WGMMA_RS(14, "m64n112k16",
                MXMOE_WGMMA_D(0), MXMOE_WGMMA_D(1), MXMOE_WGMMA_D(2), MXMOE_WGMMA_D(3), MXMOE_WGMMA_D(4),
                MXMOE_WGMMA_D(5), MXMOE_WGMMA_D(6), MXMOE_WGMMA_D(7), MXMOE_WGMMA_D(8), MXMOE_WGMMA_D(9),
                MXMOE_WGMMA_D(10), MXMOE_WGMMA_D(11), MXMOE_WGMMA_D(12), MXMOE_WGMMA_D(13))
+MXMOE_WGMMA_RS(15, "m64n120k16",
+               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+               ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+               ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
+               ", %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59}",
+               "{%60, %61, %62, %63}, %64", "%65",
+               MXMOE_WGMMA_D(0), MXMOE_WGMMA_D(1), MXMOE_WGMMA_D(2), MXMOE_WGMMA_D(3), MXMOE_WGMMA_D(4),
+               MXMOE_WGMMA_D(5), MXMOE_WGMMA_D(6), MXMOE_WGMMA_D(7), MXMOE_WGMMA_D(8), MXMOE_WGMMA_D(9),
+               MXMOE_WGMMA_D(10), MXMOE_WGMMA_D(11), MXMOE_WGMMA_D(12), MXMOE_WGMMA_D(13), MXMOE_WGMMA_D(14))
 MXMOE_WGMMA_RS(16, "m64n128k16",
                "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
                ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
