@@ -1,6 +1,7 @@
-// Every GEMM config of the SM90 path (mma.sync n8 / n8k2 / n8c2 / n8c4 / n32 / n64, wgmma wg32x2d / wg64 /
-// wg128 / wg128d / wg128d8), against the CPU reference: the heuristics alone would leave some configs
-// untested on small shapes (and the wgmma ones only on large shapes checked against the GPU reference).
+// Every GEMM config of the SM90 path (mma.sync n8 / n8k2 / n8c2 / n8c4 / n32 / n64, wgmma
+// wg32x2d / wg64 / wg128 / wg128d / wg128d8), against the CPU reference: the heuristics alone would
+// leave some configs untested on small shapes (and the wgmma ones only on large shapes checked
+// against the GPU reference).
 #include <gtest/gtest.h>
 
 #include <initializer_list>
@@ -79,7 +80,7 @@ TEST(CudaGemmConfigs, EveryConfigMatchesReference) {
 }
 
 // The same input through every config gives the same result up to fp32 summation order (the MMA
-// instruction, the tile widths and, for n8k2 and n8c2, how the reduction is split differ).
+// instruction, the tile widths and, for n8k2, n8c2 and n8c4, how the reduction is split differ).
 TEST(CudaGemmConfigs, ConfigsAgreeOnAKimiShapedLayer) {
   MXMOE_REQUIRE_SM90();
   LayerShape s = kKimiK3Shape;
@@ -111,7 +112,7 @@ TEST(CudaGemmConfigs, ConfigsAgreeOnAKimiShapedLayer) {
 // clusters for the fewest tiles (n8c4 for GPT-OSS-120B's single token, n8c2 for two tokens and for
 // Kimi-K3's and DeepSeek-V3's single token; perf-log v13.2); wg128d8 from 32 pairs per expert.
 // Host code only.
-TEST(CudaHeuristics, NarrowTileUpToSixPairsPerExpert) {
+TEST(CudaHeuristics, NarrowTileBelowSixPairsPerExpert) {
   const ForcedConfig none(-1);  // the heuristics' own choice, whatever MXMOE_GEMM_CONFIG says
   struct Case {
     const char* shape;

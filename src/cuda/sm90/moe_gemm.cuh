@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
   const uint32_t item = blockIdx.x / Cfg::kClusterK;
   const int k_part = Cfg::kClusterK > 1 ? static_cast<int>(ptx::ClusterCtaRank()) : 0;
   TileCoords tc;
-  // (Both CTAs of a cluster have the same item, so they leave here together or not at all.)
+  // (All CTAs of a cluster have the same item, so they leave here together or not at all.)
   if (!ReadTile<Cfg::kBlockN, kFc1>(p, item, tid, Cfg::kThreads, smem_rows, &tc)) return;
   const int k_all = static_cast<int>(p.a_shape.col_tiles);
   const int k_per = (k_all + Cfg::kClusterK - 1) / Cfg::kClusterK;

@@ -497,7 +497,7 @@ auto PersistentFc1KernelOf(ActivationType act) -> decltype(&MoeWgmmaFc1Persisten
 // The configs with a persistent FC1 kernel: wg128. (With 3 MMA groups in flight, ptxas serializes
 // the persistent kernel's wgmma, C7512.)
 template <class Cfg>
-inline constexpr bool HasPersistentFc1 = Cfg::kBlockN == 128 && Cfg::kInFlight == 1;
+inline constexpr bool HasPersistentFc1 = Cfg::kBlockN == 128 && Cfg::kInFlight == 1 && Cfg::kCtasPerSm == 1;
 
 template <class Cfg>
 cudaError_t PrepareWgmmaConfig() {
@@ -561,9 +561,9 @@ using ConfigWg128Deep = WgmmaConfig<128, 6, 3>;
 using ConfigWg128Deep8 = WgmmaConfig<128, 8, 3>;
 // Tiles of up to 32 tokens, 3 MMA groups in flight, two CTAs per SM (105 KB of shared memory and
 // 80 registers per thread each; consumers at 96): the wgmma rate and 16 consumer warps per SM for
-// n32's range, 6-32 pairs per expert. Forced only: against n32 (perf-log v13.1) it was 1-6% ahead
+// n32's range, 6-32 pairs per expert. Forced only: against n32 (perf-log v13.1) it was 0.3-6% ahead
 // on DeepSeek-V3 T = 192-1024 but for T = 384, 1-2.5% ahead on Kimi-K3 T = 768-1024 and behind
-// below, and 1.4-3.9% behind on GPT-OSS-120B. With one MMA group in flight it was no faster.
+// below, and 1.4-5.5% behind on GPT-OSS-120B. With one MMA group in flight it was no faster.
 using ConfigWg32x2Deep = WgmmaConfig<32, 8, 3, 2>;
 
 }  // namespace mxmoe::cuda::sm90

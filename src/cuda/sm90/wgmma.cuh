@@ -133,7 +133,7 @@ __device__ __forceinline__ void TensorLoad2d(uint32_t dst, const void* tensor_ma
 #endif
 }
 // Moves registers between warpgroups (PTX ISA, setmaxnreg): the kernel's register cap at entry
-// (__launch_bounds__ with a minimum of 1 block) is the starting point.
+// (__launch_bounds__ with the config's kCtasPerSm blocks) is the starting point.
 template <int kRegs>
 __device__ __forceinline__ void RegAlloc() {
 #if MXMOE_WGMMA_AVAILABLE
