@@ -132,8 +132,9 @@ MXMOE_HD uint8_t CodeAt(uint32_t w, int reg, int hi) {
 // Register 3's bits need three different moves. After a right shift by 8 they sit at 2, 3, 5, 6
 // of each half (e0, e1, sign, m), and one multiplication by 1 + 2^5 + 2^10 adds three shifted
 // copies of them. The copies' 24 bit positions are all distinct (one, 32, falls off the word), so
-// the sum has no carries and is their OR; the mask keeps e0 and e1 from the 2^5 copy (7, 8), the sign from the 2^10 copy
-// (15) and m from the unshifted one (6), and the same 16 bits higher in the upper half.
+// the sum has no carries and is their OR; the mask keeps e0 and e1 from the 2^5 copy (7, 8), the
+// sign from the 2^10 copy (15) and m from the unshifted one (6), and the same 16 bits higher in the
+// upper half.
 MXMOE_HD void DecodeWord(uint32_t w, uint32_t r[4]) {
   constexpr uint32_t kMask = 0x81C081C0u;  // sign, exponent bits 1..0 and mantissa bit 6 per half
   r[0] = w & kMask;

@@ -120,7 +120,9 @@ TEST(CudaHeuristics, NarrowTileBelowSixPairsPerExpert) {
     int64_t tokens;
     cuda::GemmConfigId want;
   };
-  const cuda::LayerDims kimi{3584, 3072, 16, 896, 896}, gpt{2880, 2880, 4, 128, 128}, deepseek{7168, 2048, 8, 256, 256};
+  // hidden, intermediate, top-k, experts, local experts (the benchmark's shapes, bench/sweep.cpp)
+  const cuda::LayerDims kimi{3584, 3072, 16, 896, 896}, gpt{2880, 2880, 4, 128, 128},
+      deepseek{7168, 2048, 8, 256, 256};
   const Case cases[] = {
       {"kimi-k3", kimi, 1, cuda::GemmConfigId::kN8c2},         {"kimi-k3", kimi, 256, cuda::GemmConfigId::kN8},
       {"kimi-k3", kimi, 384, cuda::GemmConfigId::kN32},        {"kimi-k3", kimi, 512, cuda::GemmConfigId::kN32},

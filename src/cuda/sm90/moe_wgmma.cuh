@@ -85,7 +85,12 @@ struct WgmmaConfig {
   static_assert(kSmemBytes <= 227 * 1024, "SM90 shared memory per block");
   static_assert(kFc1StagedBytes<kBlockN> <= kStages * kSmemStage, "FC1's epilogue reuses the stages");
   static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= kLaunchRegs * kThreads, "setmaxnreg");
-  static_assert(kConsumerRegs <= 256 && kConsumerRegs >= kMFrags * kBlockN / 2 + 64, "room beside the accumulators");
+  // A consumer thread holds its accumulators (kBlockN / 2 per m64 MMA), the kASets A register sets
+  // and one step's A pieces and scale words; ptxas needs the rest of its budget for addresses.
+  static_assert(kConsumerRegs <= 256 &&
+                    kConsumerRegs > kMFrags * (kBlockN / 2 + 4 * kASets + 4 + 1),
+                "the consumers' registers hold their accumulators and A operands");
+  // 228 KB of shared memory per SM, of which the driver keeps 1 KB per CTA.
   static_assert(kCtasPerSm * (kSmemBytes + 1024) <= 228 * 1024, "kCtasPerSm CTAs' shared memory on one SM");
 };
 
@@ -130,8 +135,8 @@ __device__ __forceinline__ void IssueStep(const uint4 (&frag_a)[kMFrags], const 
 // The tile widths the MMAs take: a tile's valid columns rounded up to a multiple of 8, at most
 // BLOCK_N. An expert's last tile (or its only one: ~73 tokens at T = 4096 for Kimi-K3, ~98 in
 // T = 16384's chunks) then spends no MMA on more than 7 padding columns (15 with v13's steps of 16
-// above 32; perf-log v13.3). kCoarse keeps steps of 16 above 32: the persistent FC1 kernel, where
-// the finer widths' instantiations made ptxas serialize the wgmma (C7512).
+// above 32; perf-log v13.3). kCoarse keeps steps of 16 above 32, for the persistent FC1 kernel
+// (PersistentFc1Layout::kCoarseWidths).
 template <bool kCoarse = false>
 __host__ __device__ constexpr int NextWidth(int n) {
   return kCoarse && n >= 32 ? n + 16 : n + 8;
@@ -379,6 +384,9 @@ struct PersistentFc1Layout {
   // serializes the consumers' wgmma (C7512), whatever their register budget. Only an expert's last
   // tile can be that narrow.
   static constexpr int kMinWidth = 32;
+  // Its widths step by 16 above 32 (NextWidth's kCoarse): the finer steps' instantiations made ptxas
+  // serialize its wgmma too (C7512, perf-log v13.3).
+  static constexpr bool kCoarseWidths = true;
   static_assert(kRingOffset + 4 * kRingSlots <= kPlaneOffset, "barriers and ring before the plane");
   static_assert(kSmemBytes <= 227 * 1024, "SM90 shared memory per block");
 };
@@ -423,7 +431,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
         const TileCoords tc = TileOf<Cfg::kBlockN>(p, item);
         ProduceTile(p, tc, sm, &map_wide, &map_narrow, GroupsOf(p, tc),
-                    TileWidth<Cfg::kBlockN, Layout::kMinWidth, true>(tc.n_valid), k_tiles, step, lane);
+                    TileWidth<Cfg::kBlockN, Layout::kMinWidth, Layout::kCoarseWidths>(tc.n_valid), k_tiles, step, lane);
         step += k_tiles;
         uint32_t next = 0;
         if (lane == 0) next = gridDim.x + atomicAdd(reinterpret_cast<unsigned int*>(p.work_counter), 1u);
@@ -460,11 +468,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     bool active;
     {
       const TileCoords tc = TileOf<Cfg::kBlockN>(p, item);
-      width = TileWidth<Cfg::kBlockN, Layout::kMinWidth, true>(tc.n_valid);
+      width = TileWidth<Cfg::kBlockN, Layout::kMinWidth, Layout::kCoarseWidths>(tc.n_valid);
       active = FragRowGroup<Cfg::kMFrags, Cfg::kConsumers>(warp, wg, 0) < GroupsOf(p, tc);
     }
     const ConsumerArgs c{k_tiles, warp, wg, lane, active, step};
-    ConsumeTileOfWidth<Cfg, Layout::kMinWidth, true>(width, sm, c, [&](const auto& acc) {
+    ConsumeTileOfWidth<Cfg, Layout::kMinWidth, Layout::kCoarseWidths>(width, sm, c, [&](const auto& acc) {
       constexpr int kNTiles = kAccTiles<decltype(acc)>;
       // (The tile is looked up again here: kept across the main loop, it cost registers the
       // MMAs need.)
@@ -495,7 +503,7 @@ auto PersistentFc1KernelOf(ActivationType act) -> decltype(&MoeWgmmaFc1Persisten
 }
 
 // The configs with a persistent FC1 kernel: wg128. (With 3 MMA groups in flight, ptxas serializes
-// the persistent kernel's wgmma, C7512.)
+// the persistent kernel's wgmma, C7512; its register split is written for one CTA per SM.)
 template <class Cfg>
 inline constexpr bool HasPersistentFc1 = Cfg::kBlockN == 128 && Cfg::kInFlight == 1 && Cfg::kCtasPerSm == 1;
 
