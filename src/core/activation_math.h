@@ -10,15 +10,20 @@
 
 namespace mxmoe {
 
-// a / b. Device code multiplies by an approximate reciprocal (__fdividef: rcp.approx, within 2 ulp):
-// the IEEE division is ~10 instructions with a slow path, and the FC1 epilogues that apply the
-// activation are bound by instruction issue (docs/perf-log.md, v9). The CPU divides exactly; the
-// GPU suite's tolerance covers a few ulp of the activation (tests/gpu/tolerance.h, (b)). A divisor
-// above 2^126 gives 0: 1 + e^-x for x < -87, where the exact quotient is below 2^-126 anyway, and
-// Situ betas above 2^126, which ExpertSet validation refuses (core/moe.cpp).
+// a / b. Device code multiplies by the approximate reciprocal (rcp.approx.ftz: MUFU.RCP, within
+// 1 ulp): the IEEE division is ~10 instructions with a slow path, and the FC1 epilogues that apply
+// the activation are bound by instruction issue (docs/perf-log.md, v9). __fdividef did the same
+// plus ~4 instructions per call that rescale subnormal divisors, which never occur here: the
+// divisors are 1 + e^-x >= 1 and Situ's betas, which ExpertSet validation keeps within
+// [2^-126, 2^126] (core/moe.cpp); without them the Situ epilogue was 1% slower (perf-log v14).
+// The CPU divides exactly; the GPU suite's tolerance covers a few ulp of the activation
+// (tests/gpu/tolerance.h, (b)). A divisor above 2^126 gives 0 (its reciprocal is subnormal and
+// flushed): 1 + e^-x for x < -87, where the exact quotient is below 2^-126 anyway.
 MXMOE_HD float act_div(float a, float b) {
 #if defined(__CUDA_ARCH__)
-  return __fdividef(a, b);
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
+  return a * r;
 #else
   return a / b;
 #endif

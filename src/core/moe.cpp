@@ -85,12 +85,13 @@ Status ExpertSet::Validate() const {
   for (int64_t i = 0; i < n; ++i) {
     const ActParams& p = activation.ForExpert(i);
     const std::string who = "expert " + Str(FirstExpert() + i);
-    // The kernels divide by beta with __fdividef, which returns 0 for divisors above 2^126
-    // (activation_math.h, act_div): larger betas are refused rather than computed wrongly.
-    constexpr float kMaxSituBeta = 0x1p126f;
-    if (activation.type == ActivationType::Situ &&
-        !(p.beta > 0 && p.beta <= kMaxSituBeta && p.linear_beta > 0 && p.linear_beta <= kMaxSituBeta))
-      return Status::Invalid(who + ": situ beta and linear_beta must be in (0, 2^126]");
+    // The kernels divide by beta with an approximate reciprocal that flushes subnormals and
+    // gives 0 for divisors above 2^126 (activation_math.h, act_div): betas outside the normal
+    // range up to 2^126 are refused rather than computed wrongly.
+    constexpr float kMinSituBeta = 0x1p-126f, kMaxSituBeta = 0x1p126f;
+    const auto beta_ok = [&](float b) { return b >= kMinSituBeta && b <= kMaxSituBeta; };
+    if (activation.type == ActivationType::Situ && !(beta_ok(p.beta) && beta_ok(p.linear_beta)))
+      return Status::Invalid(who + ": situ beta and linear_beta must be in [2^-126, 2^126]");
     if (activation.type == ActivationType::SwigluBias &&
         !(std::isfinite(p.alpha) && p.limit > 0 && std::isfinite(p.limit)))
       return Status::Invalid(who + ": swiglu alpha must be finite and limit finite and > 0");

@@ -59,7 +59,12 @@ LaunchChoice ChooseLaunch(const LayerDims& dims, int64_t num_tokens, int64_t max
   // 1024 (18 pairs per expert) n32 6.77 ms, wg128 8.73 ms; T = 2048 (37) wg128 9.25 ms, n32 11.89 ms.
   // Of the 128-token tiles, wg128d8 (three MMA groups in flight, 8 stages) was the fastest at T =
   // 2048, 4096 and 16384 (perf-log v10: 8.36 / 10.41 / 36.55 ms against wg128's 8.51 / 10.80 /
-  // 38.26). n64, wg64, wg128 and wg128d are reachable only through MXMOE_GEMM_CONFIG.
+  // 38.26). wg128d3x3, the same ring as 3 stages of three steps (fewer bulk copies per step), beat
+  // wg128d8 in turn (perf-log v14; layer µs, rows in the order wg128d8 / wg128d4x2 and
+  // wg128d4x2 / wg128d3x3 in two device calls: T = 2048 8216-8322 / 7840-7857 and 8087-8105 /
+  // 7923-7953, T = 4096 10162-10236 / 9960-10037 and 10193-10218 / 10130-10144, T = 16384
+  // 35535-35596 / 35522-35542 and 36190-36194 / 35791-35902). n64, wg64, wg128, wg128d, wg128d8
+  // and wg128d4x2 are reachable only through MXMOE_GEMM_CONFIG.
   // Calls whose tiles give the SMs only a few CTAs each: n8c2, whose clusters of two CTAs split
   // each tile's reduction, so the weights stream through twice the CTAs (perf-log v12). Measured
   // (layer µs, n8c2 / n8k2 / n8, uniform; FC1 / FC2 CTAs of n8 by the estimate below):
@@ -96,7 +101,7 @@ LaunchChoice ChooseLaunch(const LayerDims& dims, int64_t num_tokens, int64_t max
   if (c.pairs_per_expert < kNarrowMaxPairs)
     c.gemm = fewest_ctas ? GemmConfigId::kN8c4 : few_ctas ? GemmConfigId::kN8c2 : GemmConfigId::kN8;
   else if (c.pairs_per_expert < 32.0) c.gemm = GemmConfigId::kN32;
-  else c.gemm = GemmConfigId::kWg128d8;
+  else c.gemm = GemmConfigId::kWg128d3x3;
   const int forced = ForcedConfig().load(std::memory_order_relaxed);
   if (forced >= 0 && forced < kNumGemmConfigs) c.gemm = static_cast<GemmConfigId>(forced);
 

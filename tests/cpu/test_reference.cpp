@@ -836,6 +836,12 @@ TEST(ReferenceValidation, ActivationParameters) {
     ExpectRefused(c, {"beta", "2^126"}, "beta = 2^127");
   }
   {
+    // Subnormal divisors are flushed by the device's reciprocal (activation_math.h, act_div).
+    Call c(shape);
+    c.experts.activation.params.linear_beta = 0x1p-127f;
+    ExpectRefused(c, {"beta", "2^-126"}, "linear_beta = 2^-127");
+  }
+  {
     Call c(shape);
     c.experts.activation.per_expert.assign(3, ActParams{});
     ExpectRefused(c, {"per-expert", "3"}, "3 per-expert entries for 4 experts");

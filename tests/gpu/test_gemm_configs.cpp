@@ -1,7 +1,7 @@
 // Every GEMM config of the SM90 path (mma.sync n8 / n8k2 / n8c2 / n8c4 / n32 / n64, wgmma
-// wg32x2d / wg64 / wg128 / wg128d / wg128d8), against the CPU reference: the heuristics alone would
-// leave some configs untested on small shapes (and the wgmma ones only on large shapes checked
-// against the GPU reference).
+// wg32x2d / wg64 / wg128 / wg128d / wg128d8 / wg128d4x2 / wg128d3x3), against the CPU reference:
+// the heuristics alone would leave some configs untested on small shapes (and the wgmma ones only
+// on large shapes checked against the GPU reference).
 #include <gtest/gtest.h>
 
 #include <initializer_list>
@@ -103,14 +103,14 @@ TEST(CudaGemmConfigs, ConfigsAgreeOnAKimiShapedLayer) {
   // ~243 FC1 and ~142 FC2 CTAs (24 and 14 row blocks each), within n8c2's 400 / 480; at T = 4096,
   // 4096 pairs per expert.
   EXPECT_EQ(moe->Plan(1), "n8c2");
-  EXPECT_EQ(moe->Plan(4096), "wg128d8");
+  EXPECT_EQ(moe->Plan(4096), "wg128d3x3");
 }
 
 // The heuristics' narrow-tile boundary (heuristics.cu, perf-log v13.1): n8 below ~6 pairs per
 // expert, n32 from there (n8 streams an expert's weights once per 8 of its pairs), on the three
 // benchmark shapes at the token counts either side of where the two configs met on the H200; the
 // clusters for the fewest tiles (n8c4 for GPT-OSS-120B's single token, n8c2 for two tokens and for
-// Kimi-K3's and DeepSeek-V3's single token; perf-log v13.2); wg128d8 from 32 pairs per expert.
+// Kimi-K3's and DeepSeek-V3's single token; perf-log v13.2); wg128d3x3 from 32 pairs per expert.
 // Host code only.
 TEST(CudaHeuristics, NarrowTileBelowSixPairsPerExpert) {
   const ForcedConfig none(-1);  // the heuristics' own choice, whatever MXMOE_GEMM_CONFIG says
@@ -126,7 +126,7 @@ TEST(CudaHeuristics, NarrowTileBelowSixPairsPerExpert) {
   const Case cases[] = {
       {"kimi-k3", kimi, 1, cuda::GemmConfigId::kN8c2},         {"kimi-k3", kimi, 256, cuda::GemmConfigId::kN8},
       {"kimi-k3", kimi, 384, cuda::GemmConfigId::kN32},        {"kimi-k3", kimi, 512, cuda::GemmConfigId::kN32},
-      {"kimi-k3", kimi, 1024, cuda::GemmConfigId::kN32},       {"kimi-k3", kimi, 4096, cuda::GemmConfigId::kWg128d8},
+      {"kimi-k3", kimi, 1024, cuda::GemmConfigId::kN32},       {"kimi-k3", kimi, 4096, cuda::GemmConfigId::kWg128d3x3},
       {"gpt-oss-120b", gpt, 1, cuda::GemmConfigId::kN8c4},     {"gpt-oss-120b", gpt, 2, cuda::GemmConfigId::kN8c2},
       {"gpt-oss-120b", gpt, 128, cuda::GemmConfigId::kN8},     {"gpt-oss-120b", gpt, 256, cuda::GemmConfigId::kN32},
       {"deepseek-v3", deepseek, 1, cuda::GemmConfigId::kN8c2}, {"deepseek-v3", deepseek, 128, cuda::GemmConfigId::kN8},

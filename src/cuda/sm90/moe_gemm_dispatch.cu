@@ -23,6 +23,8 @@ MXMOE_DECLARE_CONFIG(Wg128d8)
 MXMOE_DECLARE_CONFIG(N8k2)
 MXMOE_DECLARE_CONFIG(N8c2)
 MXMOE_DECLARE_CONFIG(Wg32x2d)
+MXMOE_DECLARE_CONFIG(Wg128d4x2)
+MXMOE_DECLARE_CONFIG(Wg128d3x3)
 MXMOE_DECLARE_CONFIG(N8c4)
 #undef MXMOE_DECLARE_CONFIG
 }  // namespace sm90
@@ -39,6 +41,8 @@ GemmConfigInfo GemmInfo(GemmConfigId id) {
     case GemmConfigId::kN8k2: return sm90::InfoN8k2();
     case GemmConfigId::kN8c2: return sm90::InfoN8c2();
     case GemmConfigId::kWg32x2d: return sm90::InfoWg32x2d();
+    case GemmConfigId::kWg128d4x2: return sm90::InfoWg128d4x2();
+    case GemmConfigId::kWg128d3x3: return sm90::InfoWg128d3x3();
     case GemmConfigId::kN8c4: return sm90::InfoN8c4();
   }
   return sm90::InfoN8();
@@ -55,6 +59,8 @@ cudaError_t PrepareGemmKernels() {
   if (e == cudaSuccess) e = sm90::PrepareGemmN8k2();
   if (e == cudaSuccess) e = sm90::PrepareGemmN8c2();
   if (e == cudaSuccess) e = sm90::PrepareGemmWg32x2d();
+  if (e == cudaSuccess) e = sm90::PrepareGemmWg128d4x2();
+  if (e == cudaSuccess) e = sm90::PrepareGemmWg128d3x3();
   if (e == cudaSuccess) e = sm90::PrepareGemmN8c4();
   return e;
 }
@@ -88,6 +94,8 @@ cudaError_t LaunchGemm(GemmConfigId id, bool fc1, const GemmParams& p, int64_t g
     case GemmConfigId::kN8k2: return sm90::LaunchGemmN8k2(fc1, p, grid_ctas, stream);
     case GemmConfigId::kN8c2: return sm90::LaunchGemmN8c2(fc1, p, grid_ctas, stream);
     case GemmConfigId::kWg32x2d: return sm90::LaunchGemmWg32x2d(fc1, p, grid_ctas, stream);
+    case GemmConfigId::kWg128d4x2: return sm90::LaunchGemmWg128d4x2(fc1, p, grid_ctas, stream);
+    case GemmConfigId::kWg128d3x3: return sm90::LaunchGemmWg128d3x3(fc1, p, grid_ctas, stream);
     case GemmConfigId::kN8c4: return sm90::LaunchGemmN8c4(fc1, p, grid_ctas, stream);
   }
   return cudaErrorInvalidValue;

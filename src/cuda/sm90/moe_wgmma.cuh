@@ -52,9 +52,13 @@ namespace mxmoe::cuda::sm90 {
 // stage).
 // kCtasPerSm: CTAs per SM the registers are split for (launch bounds and setmaxnreg); 2 only for
 // narrow tiles, whose accumulators fit the consumers' smaller share.
-template <int kBlockN_, int kStages_, int kInFlight_ = 1, int kCtasPerSm_ = 1>
+// kStepsPerStage: 64-wide reduction steps per stage, loaded together (one bulk copy each for the
+// weights and scales of all of them): each copy costs the producer's ring time of its own, ~2.5%
+// of the layer per extra copy per step at T = 4096 (perf-log v14).
+template <int kBlockN_, int kStages_, int kInFlight_ = 1, int kCtasPerSm_ = 1, int kStepsPerStage_ = 1>
 struct WgmmaConfig {
   static constexpr int kCtasPerSm = kCtasPerSm_;
+  static constexpr int kStepsPerStage = kStepsPerStage_;
   static constexpr int kConsumers = 2;  // consumer warpgroups
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kMFrags = kWarpRowGroups / kConsumers;  // m64 MMAs per consumer and k16 step
@@ -64,11 +68,12 @@ struct WgmmaConfig {
   static constexpr int kStages = kStages_;
   static constexpr int kInFlight = kInFlight_;
   static constexpr int kASets = kInFlight + 1;
-  // A stage: B first (the swizzle atoms need 1024-byte alignment), then A tiles, then scales.
+  // A stage: the B tiles of its steps first (the swizzle atoms need 1024-byte alignment), then the
+  // A tiles of its steps, then their scales (each as laid out in global memory, step after step).
   static constexpr int kSubB = kBlockN * 128;
   static constexpr int kSubA = kBlockRowGroups * kTileBytes;
   static constexpr int kSubScales = kBlockRowGroups * kTileScaleBytes;
-  static constexpr int kSmemStage = (kSubB + kSubA + kSubScales + 1023) / 1024 * 1024;
+  static constexpr int kSmemStage = (kStepsPerStage * (kSubB + kSubA + kSubScales) + 1023) / 1024 * 1024;
   static constexpr int kSmemBars = 2 * kStages * 8;
   // Dynamic shared memory is only 16-byte aligned: 1 KB of slack to align the stages.
   static constexpr int kSmemBytes = 1024 + kStages * kSmemStage + kSmemBars;
@@ -81,6 +86,7 @@ struct WgmmaConfig {
 
   static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= 128, "wgmma N: a multiple of 8 (<= 128 here)");
   static_assert(kStages >= 2 && kStages <= 8, "stages");
+  static_assert(kStepsPerStage >= 1 && kStepsPerStage <= 3, "reduction steps per stage");
   static_assert(kASets == 2 || kASets == 4, "A register sets: a divisor of the 4 k16 steps of a stage");
   static_assert(kSmemBytes <= 227 * 1024, "SM90 shared memory per block");
   static_assert(kFc1StagedBytes<kBlockN> <= kStages * kSmemStage, "FC1's epilogue reuses the stages");
@@ -153,30 +159,38 @@ __device__ __forceinline__ int TileWidth(int n_valid) {
 // rows the MMAs read); wider ones as one box of BLOCK_N rows.
 inline constexpr int kNarrowLoadWidth = 32;
 
-// Shared memory of a CTA: kStages stages (B first: its swizzle atoms need 1024-byte alignment, then
-// the A tiles and their scales), then the full and empty mbarriers. Shared-window addresses.
+// Shared memory of a CTA: kStages stages (B tiles first: their swizzle atoms need 1024-byte
+// alignment, then the A tiles and their scales), then the full and empty mbarriers.
+// Shared-window addresses; B(s, j) is the B tile of the stage's step j.
 template <class Cfg>
 struct StageMap {
   uint32_t base;
-  __device__ uint32_t B(int s) const { return base + s * Cfg::kSmemStage; }
-  __device__ uint32_t A(int s) const { return B(s) + Cfg::kSubB; }
-  __device__ uint32_t Scales(int s) const { return A(s) + Cfg::kSubA; }
+  __device__ uint32_t B(int s, int j = 0) const { return base + s * Cfg::kSmemStage + j * Cfg::kSubB; }
+  __device__ uint32_t A(int s) const { return B(s, Cfg::kStepsPerStage); }
+  __device__ uint32_t Scales(int s) const { return A(s) + Cfg::kStepsPerStage * Cfg::kSubA; }
   __device__ uint32_t Full(int s) const { return base + Cfg::kStages * Cfg::kSmemStage + 8u * s; }
   __device__ uint32_t Empty(int s) const { return Full(Cfg::kStages + s); }
-  // Pipeline step `step` uses stage step % kStages, in round step / kStages of it. The consumers
-  // wait until the step's stage is loaded; the producer until it is free again (the first kStages
-  // steps find theirs free).
-  __device__ void WaitLoaded(int step) const { wgmma::MbarWait(Full(step % Cfg::kStages), (step / Cfg::kStages) & 1); }
-  __device__ void WaitFree(int step) const {
-    if (step >= Cfg::kStages) wgmma::MbarWait(Empty(step % Cfg::kStages), (step / Cfg::kStages - 1) & 1);
+  // Pipeline slot `slot` (one stage's load: kStepsPerStage reduction steps, fewer at a tile's end)
+  // uses stage slot % kStages, in round slot / kStages of it. The consumers wait until the slot's
+  // stage is loaded; the producer until it is free again (the first kStages slots find theirs free).
+  __device__ void WaitLoaded(int slot) const { wgmma::MbarWait(Full(slot % Cfg::kStages), (slot / Cfg::kStages) & 1); }
+  __device__ void WaitFree(int slot) const {
+    if (slot >= Cfg::kStages) wgmma::MbarWait(Empty(slot % Cfg::kStages), (slot / Cfg::kStages - 1) & 1);
   }
 };
+
+// The pipeline slots of a tile of k_tiles reduction steps.
+template <class Cfg>
+__host__ __device__ constexpr int SlotsOf(int k_tiles) {
+  return (k_tiles + Cfg::kStepsPerStage - 1) / Cfg::kStepsPerStage;
+}
 
 // What a consumer thread needs besides its tile width.
 struct ConsumerArgs {
   int k_tiles, warp, wg, lane;
   bool active;
-  int step0;  // the pipeline step of the tile's first reduction step (stage step0 % kStages)
+  int slot0;   // the pipeline slot of the tile's first reduction steps (stage slot0 % kStages)
+  int groups;  // the block's real row groups: a stage's steps are groups * kTileBytes apart
 };
 
 // A consumer warpgroup's main loop over a tile at MMA width kN, then tail(acc) with the finished
@@ -195,33 +209,40 @@ __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const Consu
   uint32_t areg[Cfg::kASets][kMFrags][4];
 
   const int g = c.lane >> 2;
-  for (int kt = 0; kt < c.k_tiles; ++kt) {
-    const int step = c.step0 + kt;
-    const int s = step % Cfg::kStages;
-    sm.WaitLoaded(step);
-    uint4 frag_a[kMFrags];
-    uint32_t frag_s[kMFrags];
+  const int slots = SlotsOf<Cfg>(c.k_tiles);
+  const uint32_t a_step = c.groups * kTileBytes, s_step = c.groups * kTileScaleBytes;
+  for (int i = 0; i < slots; ++i) {
+    const int slot = c.slot0 + i;
+    const int s = slot % Cfg::kStages;
+    const int steps = min(Cfg::kStepsPerStage, c.k_tiles - i * Cfg::kStepsPerStage);
+    sm.WaitLoaded(slot);
+#pragma unroll 1
+    for (int j = 0; j < steps; ++j) {
+      uint4 frag_a[kMFrags];
+      uint32_t frag_s[kMFrags];
 #pragma unroll
-    for (int f = 0; f < kMFrags; ++f) {
-      const int group = FragRowGroup<kMFrags, Cfg::kConsumers>(c.warp, c.wg, f);
-      frag_a[f] = c.active ? ptx::LdShared128(sm.A(s) + group * kTileBytes + c.lane * 16) : make_uint4(0, 0, 0, 0);
-      frag_s[f] = c.active ? ptx::LdShared32(sm.Scales(s) + group * kTileScaleBytes + g * 4) : 0u;
+      for (int f = 0; f < kMFrags; ++f) {
+        const int group = FragRowGroup<kMFrags, Cfg::kConsumers>(c.warp, c.wg, f);
+        frag_a[f] = c.active ? ptx::LdShared128(sm.A(s) + j * a_step + group * kTileBytes + c.lane * 16)
+                             : make_uint4(0, 0, 0, 0);
+        frag_s[f] = c.active ? ptx::LdShared32(sm.Scales(s) + j * s_step + group * kTileScaleBytes + g * 4) : 0u;
+      }
+      // NOTE: B rows are 128 bytes and 8-row atoms 1024 bytes apart (the stride-dimension offset).
+      const uint64_t desc_b = wgmma::SmemDescK128(sm.B(s, j), 1024);
+#pragma unroll
+      for (int f = 0; f < kMFrags; ++f) wgmma::FenceOperand(acc[f]);
+      IssueStep<kMFrags, kNTiles, 0, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc);
+      IssueStep<kMFrags, kNTiles, 1, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc);
+      IssueStep<kMFrags, kNTiles, 2, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc);
+      IssueStep<kMFrags, kNTiles, 3, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc);
+      // Every MMA of the slot before has completed: its stage is free.
+      if (j == 0 && i > 0 && c.lane == 0) wgmma::MbarArrive(sm.Empty((slot - 1) % Cfg::kStages));
     }
-    // NOTE: B rows are 128 bytes and 8-row atoms 1024 bytes apart (the stride-dimension offset).
-    const uint64_t desc_b = wgmma::SmemDescK128(sm.B(s), 1024);
-#pragma unroll
-    for (int f = 0; f < kMFrags; ++f) wgmma::FenceOperand(acc[f]);
-    IssueStep<kMFrags, kNTiles, 0, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc);
-    IssueStep<kMFrags, kNTiles, 1, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc);
-    IssueStep<kMFrags, kNTiles, 2, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc);
-    IssueStep<kMFrags, kNTiles, 3, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc);
-    // Every MMA of step kt - 1 has completed: its stage is free.
-    if (kt > 0 && c.lane == 0) wgmma::MbarArrive(sm.Empty((step - 1) % Cfg::kStages));
   }
   wgmma::Wait<0>();
 #pragma unroll
   for (int f = 0; f < kMFrags; ++f) wgmma::FenceOperand(acc[f]);
-  if (c.k_tiles > 0 && c.lane == 0) wgmma::MbarArrive(sm.Empty((c.step0 + c.k_tiles - 1) % Cfg::kStages));
+  if (slots > 0 && c.lane == 0) wgmma::MbarArrive(sm.Empty((c.slot0 + slots - 1) % Cfg::kStages));
   tail(acc);
 }
 
@@ -243,13 +264,13 @@ template <class Acc>
 inline constexpr int kAccTiles = std::extent_v<std::remove_reference_t<Acc>, 1>;
 
 // The producer's copies of one tile (one thread of warp 0 issues them; the whole warp waits): for
-// each reduction step, into the next free stage, the block's A tiles and scales (two 1D bulk
-// copies) and the tile's token rows through the tensor maps. Steps are numbered from step0 as in
-// ConsumerArgs.
+// each pipeline slot, into the next free stage, the block's A tiles and scales of the slot's
+// reduction steps (two 1D bulk copies: consecutive steps are contiguous) and the tile's token rows
+// of each step through the tensor maps. Slots are numbered from slot0 as in ConsumerArgs.
 template <class Cfg>
 __device__ __forceinline__ void ProduceTile(const GemmParams& p, const TileCoords& tc, const StageMap<Cfg>& sm,
                                             const CUtensorMap* map_wide, const CUtensorMap* map_narrow, int groups,
-                                            int width, int k_tiles, int step0, int lane) {
+                                            int width, int k_tiles, int slot0, int lane) {
   const PackedShape& shape = p.a_shape;
   const int64_t first_tile = static_cast<int64_t>(tc.expert) * shape.Tiles() + shape.TileIndex(tc.group0, 0);
   const uint8_t* gmem_a = p.a_tiles + first_tile * kTileBytes;
@@ -258,19 +279,25 @@ __device__ __forceinline__ void ProduceTile(const GemmParams& p, const TileCoord
   // A box counts all its bytes, rows past the tensor (zero-filled) included.
   const bool narrow = width <= kNarrowLoadWidth;
   const uint32_t b_bytes = (narrow ? width : Cfg::kBlockN) * 128u;
-  for (int kt = 0; kt < k_tiles; ++kt) {
-    const int step = step0 + kt;
-    const int s = step % Cfg::kStages;
-    sm.WaitFree(step);
+  const int slots = SlotsOf<Cfg>(k_tiles);
+  for (int i = 0; i < slots; ++i) {
+    const int slot = slot0 + i;
+    const int s = slot % Cfg::kStages;
+    const int kt = i * Cfg::kStepsPerStage;
+    const int steps = min(Cfg::kStepsPerStage, k_tiles - kt);
+    sm.WaitFree(slot);
     if (lane == 0) {
-      wgmma::MbarArriveExpectTx(sm.Full(s), a_bytes + s_bytes + b_bytes);
-      wgmma::BulkLoad(sm.A(s), gmem_a + static_cast<int64_t>(kt) * a_bytes, a_bytes, sm.Full(s));
-      wgmma::BulkLoad(sm.Scales(s), gmem_s + static_cast<int64_t>(kt) * s_bytes, s_bytes, sm.Full(s));
-      if (narrow) {
-        for (int r = 0; r < width; r += 8)
-          wgmma::TensorLoad2d(sm.B(s) + r * 128, map_narrow, kt * kTileCols, tc.seg_begin + r, sm.Full(s));
-      } else {
-        wgmma::TensorLoad2d(sm.B(s), map_wide, kt * kTileCols, tc.seg_begin, sm.Full(s));
+      wgmma::MbarArriveExpectTx(sm.Full(s), steps * (a_bytes + s_bytes + b_bytes));
+      wgmma::BulkLoad(sm.A(s), gmem_a + static_cast<int64_t>(kt) * a_bytes, steps * a_bytes, sm.Full(s));
+      wgmma::BulkLoad(sm.Scales(s), gmem_s + static_cast<int64_t>(kt) * s_bytes, steps * s_bytes, sm.Full(s));
+      for (int j = 0; j < steps; ++j) {
+        const int col = (kt + j) * kTileCols;
+        if (narrow) {
+          for (int r = 0; r < width; r += 8)
+            wgmma::TensorLoad2d(sm.B(s, j) + r * 128, map_narrow, col, tc.seg_begin + r, sm.Full(s));
+        } else {
+          wgmma::TensorLoad2d(sm.B(s, j), map_wide, col, tc.seg_begin, sm.Full(s));
+        }
       }
     }
   }
@@ -323,7 +350,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   // Rows are padded to 64, so a warp's row groups (4 consecutive with the other consumer's) are
   // all real or all padding. Padding warps still take part in the warpgroup's MMAs (they are
   // collective), on zeros.
-  const ConsumerArgs c{k_tiles, warp, wg, lane, FragRowGroup<Cfg::kMFrags, Cfg::kConsumers>(warp, wg, 0) < groups, 0};
+  const ConsumerArgs c{k_tiles, warp, wg, lane, FragRowGroup<Cfg::kMFrags, Cfg::kConsumers>(warp, wg, 0) < groups, 0,
+                       groups};
   ConsumeTileOfWidth<Cfg>(width, sm, c, [&](const auto& acc) {
     constexpr int kNTiles = kAccTiles<decltype(acc)>;
     if constexpr (kFc1) {
@@ -421,18 +449,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // (The grid's upper bound, m_tiles x max tiles, fits in 32 bits: so does the real count.)
       const uint32_t items = static_cast<uint32_t>(*p.num_tiles) * static_cast<uint32_t>(p.m_tiles);
       uint32_t item = blockIdx.x;
-      int step = 0;
+      int slot = 0;
       for (int n = 0;; ++n) {
         if (lane == 0) ring[n % Layout::kRingSlots] = item < items ? item : Layout::kNoItem;
         if (item >= items) {
-          sm.WaitFree(step);
-          if (lane == 0) wgmma::MbarArrive(sm.Full(step % Cfg::kStages));
+          sm.WaitFree(slot);
+          if (lane == 0) wgmma::MbarArrive(sm.Full(slot % Cfg::kStages));
           break;
         }
         const TileCoords tc = TileOf<Cfg::kBlockN>(p, item);
         ProduceTile(p, tc, sm, &map_wide, &map_narrow, GroupsOf(p, tc),
-                    TileWidth<Cfg::kBlockN, Layout::kMinWidth, Layout::kCoarseWidths>(tc.n_valid), k_tiles, step, lane);
-        step += k_tiles;
+                    TileWidth<Cfg::kBlockN, Layout::kMinWidth, Layout::kCoarseWidths>(tc.n_valid), k_tiles, slot, lane);
+        slot += SlotsOf<Cfg>(k_tiles);
         uint32_t next = 0;
         if (lane == 0) next = gridDim.x + atomicAdd(reinterpret_cast<unsigned int*>(p.work_counter), 1u);
         item = __shfl_sync(0xFFFFFFFFu, next, 0);
@@ -452,10 +480,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   wgmma::RegAlloc<Layout::kConsumerRegs>();
   const int wg = role - 1;
-  int step = 0;
+  int slot = 0;
   for (int n = 0;; ++n) {
     // The item's first stage (or the end) is published: its id is in the ring.
-    sm.WaitLoaded(step);
+    sm.WaitLoaded(slot);
     const uint32_t item = ring[n % Layout::kRingSlots];
     // "staged" advances one phase at a time: the epilogue warps are done with the previous item
     // (and so waiting for this one) before the consumers arrive again.
@@ -464,14 +492,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       wgmma::MbarArrive(bar_staged);
       break;
     }
-    int width;
-    bool active;
+    int width, groups;
     {
       const TileCoords tc = TileOf<Cfg::kBlockN>(p, item);
       width = TileWidth<Cfg::kBlockN, Layout::kMinWidth, Layout::kCoarseWidths>(tc.n_valid);
-      active = FragRowGroup<Cfg::kMFrags, Cfg::kConsumers>(warp, wg, 0) < GroupsOf(p, tc);
+      groups = GroupsOf(p, tc);
     }
-    const ConsumerArgs c{k_tiles, warp, wg, lane, active, step};
+    const bool active = FragRowGroup<Cfg::kMFrags, Cfg::kConsumers>(warp, wg, 0) < groups;
+    const ConsumerArgs c{k_tiles, warp, wg, lane, active, slot, groups};
     ConsumeTileOfWidth<Cfg, Layout::kMinWidth, Layout::kCoarseWidths>(width, sm, c, [&](const auto& acc) {
       constexpr int kNTiles = kAccTiles<decltype(acc)>;
       // (The tile is looked up again here: kept across the main loop, it cost registers the
@@ -481,7 +509,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (active) ActivateToStaged<kAct, Cfg::kMFrags, kNTiles, Cfg::kConsumers>(p, tc, acc, warp, wg, lane, plane);
       wgmma::MbarArrive(bar_staged);
     });
-    step += k_tiles;
+    slot += SlotsOf<Cfg>(k_tiles);
   }
 #else
   __trap();  // built for sm_90a only; cuda_moe.cu refuses other devices before launching
@@ -563,9 +591,9 @@ using ConfigWg128 = WgmmaConfig<128, 6>;  // the widest tile: the least dequanti
 // wg128 with 3 MMA groups in flight per consumer warpgroup: 1.5-4% faster per kernel on the H200
 // (perf-log v8), behind wg128d8 as a layer (v10); forced only (MXMOE_GEMM_CONFIG=wg128d).
 using ConfigWg128Deep = WgmmaConfig<128, 6, 3>;
-// wg128d with 8 stages (205 KB of shared memory): a third more weight bytes in flight per SM. The
-// heuristics' config from 32 pairs per expert (perf-log v10: the fastest of wg128 / wg128d /
-// wg128d8 at T = 2048-16384).
+// wg128d with 8 stages (205 KB of shared memory): a third more weight bytes in flight per SM (perf-log
+// v10: the fastest of wg128 / wg128d / wg128d8 at T = 2048-16384). Forced only since v14
+// (MXMOE_GEMM_CONFIG=wg128d8): wg128d3x3 holds the same steps with fewer bulk copies.
 using ConfigWg128Deep8 = WgmmaConfig<128, 8, 3>;
 // Tiles of up to 32 tokens, 3 MMA groups in flight, two CTAs per SM (105 KB of shared memory and
 // 80 registers per thread each; consumers at 96): the wgmma rate and 16 consumer warps per SM for
@@ -573,5 +601,13 @@ using ConfigWg128Deep8 = WgmmaConfig<128, 8, 3>;
 // on DeepSeek-V3 T = 192-1024 but for T = 384, 1-2.5% ahead on Kimi-K3 T = 768-1024 and behind
 // below, and 1.4-5.5% behind on GPT-OSS-120B. With one MMA group in flight it was no faster.
 using ConfigWg32x2Deep = WgmmaConfig<32, 8, 3, 2>;
+// wg128d8's ring as 4 stages of two reduction steps each (200 KB): every second step without its
+// own bulk copies of weights and scales. Forced only (MXMOE_GEMM_CONFIG=wg128d4x2): against wg128d8,
+// 5% faster at Kimi-K3 T = 2048 and 1.6-3.2% at T = 4096 on the three benchmark shapes; ~1%
+// behind wg128d3x3 on Kimi-K3 (perf-log v14).
+using ConfigWg128Deep4x2 = WgmmaConfig<128, 4, 3, 1, 2>;
+// The same ring as 3 stages of three steps (222 KB): the heuristics' config from 32 pairs per
+// expert. (Two stages of four steps lost 4% to it at Kimi-K3 T = 2048: perf-log v14.)
+using ConfigWg128Deep3x3 = WgmmaConfig<128, 3, 3, 1, 3>;
 
 }  // namespace mxmoe::cuda::sm90
