@@ -7,18 +7,20 @@
 // weight rows x BLOCK_N tokens of one expert over the whole reduction, in 64-wide steps; its MMAs
 // are as wide as the tile's valid tokens rounded up to a multiple of 8 (TileWidth).
 // Warp-specialized, three warpgroups:
-//   producer (warpgroup 0, one warp busy, few registers): per step, into a free stage, the block's
-//     prepacked MXFP4 tiles and scales with two 1D bulk copies (contiguous in weight_layout.h),
-//     and the token rows of 64 bf16 through a tensor map with the 128-byte swizzle (one box of
-//     BLOCK_N rows, or for tiles up to 32 wide one 8-row box per 8 tokens).
+//   producer (warpgroup 0, one warp busy, few registers): per stage (kStepsPerStage steps), into a
+//     free one, the block's prepacked MXFP4 tiles and scales of those steps with two 1D bulk
+//     copies (contiguous in weight_layout.h), and per step the token rows of 64 bf16 through a
+//     tensor map with the 128-byte swizzle (one box of BLOCK_N rows, or for tiles up to 32 wide
+//     one 8-row box per 8 tokens).
 //     The rows are the tile's sorted positions: FC2's intermediate is written in that order, and
 //     for FC1 the tokens are gathered into it first (LaunchGatherRows). All complete on the
 //     stage's "full" mbarrier.
 //   2 consumers (warpgroups 1, 2): each owns 128 of the 256 rows (kMFrags = 2 m64 MMAs per k16
 //     step). Per k16 step a consumer dequantizes its A fragments from shared memory into
 //     registers (the "RS" form of wgmma: mma.m16n8k16's A fragment), fences, issues its MMAs
-//     as one group and waits until only that group is in flight. At the end of a step the step
-//     before has no MMA left: its stage goes back to the producer through the "empty" mbarrier.
+//     as one group and waits until at most kInFlight groups are in flight. At the end of a stage's
+//     first step the stage before has no MMA left: it goes back to the producer through the
+//     "empty" mbarrier.
 // Warp w of consumer wg supplies row group 4 w + 2 wg + f as the rows of its MMA f (epilogue.cuh);
 // FC1's epilogue re-arranges the tile through the stages' shared memory (StageFc1).
 //
@@ -53,8 +55,8 @@ namespace mxmoe::cuda::sm90 {
 // kCtasPerSm: CTAs per SM the registers are split for (launch bounds and setmaxnreg); 2 only for
 // narrow tiles, whose accumulators fit the consumers' smaller share.
 // kStepsPerStage: 64-wide reduction steps per stage, loaded together (one bulk copy each for the
-// weights and scales of all of them): each copy costs the producer's ring time of its own, ~2.5%
-// of the layer per extra copy per step at T = 4096 (perf-log v14).
+// weights and scales of all of them). The copies per step cost time of their own: one more per
+// step made Kimi-K3's layer ~2.5% slower at T = 4096, whatever its bytes (perf-log v14).
 template <int kBlockN_, int kStages_, int kInFlight_ = 1, int kCtasPerSm_ = 1, int kStepsPerStage_ = 1>
 struct WgmmaConfig {
   static constexpr int kCtasPerSm = kCtasPerSm_;
