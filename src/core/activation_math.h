@@ -15,7 +15,8 @@ namespace mxmoe {
 // the activation are bound by instruction issue (docs/perf-log.md, v9). __fdividef did the same
 // plus ~4 instructions per call that rescale subnormal divisors, which never occur here: the
 // divisors are 1 + e^-x >= 1 and Situ's betas, which ExpertSet validation keeps within
-// [2^-126, 2^126] (core/moe.cpp); without them the Situ epilogue was 1% slower (perf-log v14).
+// [2^-126, 2^126] (core/moe.cpp). With them Kimi-K3's layer took 0.3% (T = 4096) to 1.1%
+// (T = 16384) longer (perf-log v14).
 // The CPU divides exactly; the GPU suite's tolerance covers a few ulp of the activation
 // (tests/gpu/tolerance.h, (b)). A divisor above 2^126 gives 0 (its reciprocal is subnormal and
 // flushed): 1 + e^-x for x < -87, where the exact quotient is below 2^-126 anyway.

@@ -56,7 +56,7 @@ namespace mxmoe::cuda::sm90 {
 // narrow tiles, whose accumulators fit the consumers' smaller share.
 // kStepsPerStage: 64-wide reduction steps per stage, loaded together (one bulk copy each for the
 // weights and scales of all of them). The copies per step cost time of their own: one more per
-// step made Kimi-K3's layer ~2.5% slower at T = 4096, whatever its bytes (perf-log v14).
+// step, with the same bytes, made Kimi-K3's layer ~2.5% slower at T = 4096 (perf-log v14).
 template <int kBlockN_, int kStages_, int kInFlight_ = 1, int kCtasPerSm_ = 1, int kStepsPerStage_ = 1>
 struct WgmmaConfig {
   static constexpr int kCtasPerSm = kCtasPerSm_;
@@ -187,13 +187,22 @@ __host__ __device__ constexpr int SlotsOf(int k_tiles) {
   return (k_tiles + Cfg::kStepsPerStage - 1) / Cfg::kStepsPerStage;
 }
 
-// What a consumer thread needs besides its tile width.
+// What a consumer thread needs besides its tile width (ConsumerArgsOf).
 struct ConsumerArgs {
   int k_tiles, warp, wg, lane;
-  bool active;
-  int slot0;   // the pipeline slot of the tile's first reduction steps (stage slot0 % kStages)
-  int groups;  // the block's real row groups: a stage's steps are groups * kTileBytes apart
+  bool active;  // the warp's row groups are real, not padding
+  int slot0;    // the pipeline slot of the tile's first reduction steps (stage slot0 % kStages)
+  int groups;   // the block's real row groups: a stage's steps are groups * kTileBytes apart
 };
+
+// Rows are padded to 64, so a warp's row groups (4 consecutive with the other consumer's) are all
+// real or all padding. Padding warps still take part in the warpgroup's MMAs (they are
+// collective), on zeros.
+template <class Cfg>
+__device__ __forceinline__ ConsumerArgs ConsumerArgsOf(int k_tiles, int warp, int wg, int lane, int slot0,
+                                                       int groups) {
+  return {k_tiles, warp, wg, lane, FragRowGroup<Cfg::kMFrags, Cfg::kConsumers>(warp, wg, 0) < groups, slot0, groups};
+}
 
 // A consumer warpgroup's main loop over a tile at MMA width kN, then tail(acc) with the finished
 // accumulators. Every stage it read is handed back to the producer, the last one too (a persistent
@@ -349,11 +358,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   // ---- consumers ----
   wgmma::RegAlloc<Cfg::kConsumerRegs>();
   const int wg = role - 1;
-  // Rows are padded to 64, so a warp's row groups (4 consecutive with the other consumer's) are
-  // all real or all padding. Padding warps still take part in the warpgroup's MMAs (they are
-  // collective), on zeros.
-  const ConsumerArgs c{k_tiles, warp, wg, lane, FragRowGroup<Cfg::kMFrags, Cfg::kConsumers>(warp, wg, 0) < groups, 0,
-                       groups};
+  const ConsumerArgs c = ConsumerArgsOf<Cfg>(k_tiles, warp, wg, lane, 0, groups);
   ConsumeTileOfWidth<Cfg>(width, sm, c, [&](const auto& acc) {
     constexpr int kNTiles = kAccTiles<decltype(acc)>;
     if constexpr (kFc1) {
@@ -500,15 +505,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       width = TileWidth<Cfg::kBlockN, Layout::kMinWidth, Layout::kCoarseWidths>(tc.n_valid);
       groups = GroupsOf(p, tc);
     }
-    const bool active = FragRowGroup<Cfg::kMFrags, Cfg::kConsumers>(warp, wg, 0) < groups;
-    const ConsumerArgs c{k_tiles, warp, wg, lane, active, slot, groups};
+    const ConsumerArgs c = ConsumerArgsOf<Cfg>(k_tiles, warp, wg, lane, slot, groups);
     ConsumeTileOfWidth<Cfg, Layout::kMinWidth, Layout::kCoarseWidths>(width, sm, c, [&](const auto& acc) {
       constexpr int kNTiles = kAccTiles<decltype(acc)>;
       // (The tile is looked up again here: kept across the main loop, it cost registers the
       // MMAs need.)
       const TileCoords tc = TileOf<Cfg::kBlockN>(p, item);
       if (n > 0) wgmma::MbarWait(bar_free, (n - 1) & 1);  // the previous item's plane is re-quantized
-      if (active) ActivateToStaged<kAct, Cfg::kMFrags, kNTiles, Cfg::kConsumers>(p, tc, acc, warp, wg, lane, plane);
+      if (c.active) ActivateToStaged<kAct, Cfg::kMFrags, kNTiles, Cfg::kConsumers>(p, tc, acc, warp, wg, lane, plane);
       wgmma::MbarArrive(bar_staged);
     });
     slot += SlotsOf<Cfg>(k_tiles);
@@ -605,11 +609,11 @@ using ConfigWg128Deep8 = WgmmaConfig<128, 8, 3>;
 using ConfigWg32x2Deep = WgmmaConfig<32, 8, 3, 2>;
 // wg128d8's ring as 4 stages of two reduction steps each (200 KB): every second step without its
 // own bulk copies of weights and scales. Forced only (MXMOE_GEMM_CONFIG=wg128d4x2): against wg128d8,
-// 5% faster at Kimi-K3 T = 2048 and 1.6-3.2% at T = 4096 on the three benchmark shapes; ~1%
-// behind wg128d3x3 on Kimi-K3 (perf-log v14).
+// 5% faster at Kimi-K3 T = 2048 and 1.9-3.2% at T = 4096 on the three benchmark shapes; 0.7-2%
+// behind wg128d3x3 on Kimi-K3 at T = 2048-16384 (perf-log v14).
 using ConfigWg128Deep4x2 = WgmmaConfig<128, 4, 3, 1, 2>;
 // The same ring as 3 stages of three steps (222 KB): the heuristics' config from 32 pairs per
-// expert. (Two stages of four steps lost 4% to it at Kimi-K3 T = 2048: perf-log v14.)
+// expert. (Two stages of four steps were 6% slower than it at Kimi-K3 T = 2048: perf-log v14.)
 using ConfigWg128Deep3x3 = WgmmaConfig<128, 3, 3, 1, 3>;
 
 }  // namespace mxmoe::cuda::sm90
