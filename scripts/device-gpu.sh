@@ -20,10 +20,11 @@ note() { echo "$*" | tee -a "$SUMMARY"; }
 named() { [[ " $STAGES " == *" $1 "* ]]; }  # stage $1 was asked for by name
 want() { named all || named "$1"; }
 secs() { date +%s; }
-# configure_sm90 DIR LOG [FLAGS]: the release tree for sm_90a in DIR, with -Xptxas -v,
-# EXTRA_CUDA_FLAGS and FLAGS as nvcc flags (the build stage's tree, and both trees of `ab`).
+# configure_sm90 DIR LOG [FLAGS [SOURCE]]: the release tree for sm_90a in DIR, of the sources in
+# SOURCE (default: this checkout), with -Xptxas -v, EXTRA_CUDA_FLAGS and FLAGS as nvcc flags (the
+# build stage's tree, and both trees of `ab`).
 configure_sm90() {
-  cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMXMOE_CUDA=ON -DMXMOE_CUDA_ARCHS=90a \
+  cmake -S "${4:-.}" -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMXMOE_CUDA=ON -DMXMOE_CUDA_ARCHS=90a \
     -DCMAKE_CUDA_FLAGS="-Xptxas -v ${EXTRA_CUDA_FLAGS:-} ${3:-}" >"$2" 2>&1
 }
 
@@ -196,28 +197,35 @@ fi
 # AB_FLAGS added, side by side; AB_FILTER's GPU tests on the variant (default: every GEMM config and
 # the small shapes against the CPU reference); then the Kimi-K3 layer at AB_TOKENS (default 1, 1024,
 # 4096) in the order base, variant, variant, base, every row checked against the unfused GPU
-# reference first (perf-log v11.2).
+# reference first (perf-log v11.2). AB_BASE_SRC=DIR builds the base from the sources in DIR
+# instead (another commit: `scripts/ab-ref.sh REF` exports one into .ab_ref, which the device
+# call then carries); AB_ENV="VAR=value ..." is the variant rows' environment.
 if named ab; then
-  [ -n "${AB_FLAGS:-}" ] || { note "ab: AB_FLAGS (the variant's nvcc flags) is not set"; exit 1; }
+  [ -n "${AB_FLAGS:-}${AB_BASE_SRC:-}${AB_ENV:-}" ] || { note "ab: set AB_FLAGS, AB_BASE_SRC or AB_ENV"; exit 1; }
+  [ -z "${AB_BASE_SRC:-}" ] || [ -f "$AB_BASE_SRC/CMakeLists.txt" ] || { note "ab: no sources in $AB_BASE_SRC"; exit 1; }
   t0=$(secs)
   rm -f "$OUT"/ab_rc_*
   ab_tree() { if [ "$1" = ab ]; then echo "$BUILD-ab"; else echo "$BUILD"; fi; }
   for v in base ab; do
     flags=""
     [ "$v" = ab ] && flags=$AB_FLAGS
-    ( configure_sm90 "$(ab_tree $v)" "$OUT/ab_configure_$v.log" "$flags" \
+    src=.
+    [ "$v" = base ] && src=${AB_BASE_SRC:-.}
+    ( configure_sm90 "$(ab_tree $v)" "$OUT/ab_configure_$v.log" "$flags" "$src" \
       && cmake --build "$(ab_tree $v)" -j8 --target mxmoe_gpu_tests mxmoe_cli >"$OUT/ab_build_$v.log" 2>&1
       echo $? >"$OUT/ab_rc_$v" ) &
   done
   wait
-  note "ab builds: base rc=$(cat "$OUT/ab_rc_base"), variant ($AB_FLAGS) rc=$(cat "$OUT/ab_rc_ab"), in $(( $(secs) - t0 )) s"
+  note "ab builds: base (${AB_BASE_SRC:-this checkout}) rc=$(cat "$OUT/ab_rc_base"), variant (${AB_FLAGS:-no flags}; ${AB_ENV:-no env}) rc=$(cat "$OUT/ab_rc_ab"), in $(( $(secs) - t0 )) s"
   # Binaries of an earlier call stay on the machine: a failed build must not be measured.
   [ "$(cat "$OUT/ab_rc_base")" = 0 ] && [ "$(cat "$OUT/ab_rc_ab")" = 0 ] || { note "ab: a build failed"; exit 1; }
-  watched 200 "$OUT/ab_tests.log" "$(ab_tree ab)/bin/mxmoe_gpu_tests" \
+  watched 200 "$OUT/ab_tests.log" env ${AB_ENV:-} "$(ab_tree ab)/bin/mxmoe_gpu_tests" \
     --gtest_filter="${AB_FILTER:-CudaGemmConfigs.EveryConfigMatchesReference:CudaMoeSmall.*}"
   note "ab tests (variant): rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]+ test' "$OUT/ab_tests.log" | tr '\n' ' ')"
   for v in base ab ab base; do
-    timeout 90 "$(ab_tree $v)/bin/mxmoe" bench --shapes kimi-k3 --routing uniform --tokens "${AB_TOKENS:-1,1024,4096}" \
+    env_v=""
+    [ "$v" = ab ] && env_v=${AB_ENV:-}
+    timeout 90 env $env_v "$(ab_tree $v)/bin/mxmoe" bench --shapes kimi-k3 --routing uniform --tokens "${AB_TOKENS:-1,1024,4096}" \
       --check-tokens 32 >"$OUT/ab_bench.log" 2>&1
     rc=$?
     grep -E "^kimi-k3 |FAIL" "$OUT/ab_bench.log" | sed "s/^/$v: /" | tee -a "$SUMMARY" >/dev/null
