@@ -205,7 +205,10 @@ if named ab; then
   [ -z "${AB_BASE_SRC:-}" ] || [ -f "$AB_BASE_SRC/CMakeLists.txt" ] || { note "ab: no sources in $AB_BASE_SRC"; exit 1; }
   t0=$(secs)
   rm -f "$OUT"/ab_rc_*
-  ab_tree() { if [ "$1" = ab ]; then echo "$BUILD-ab"; else echo "$BUILD"; fi; }
+  # (Another commit's base gets a tree of its own: a CMake tree stays tied to its sources.)
+  ab_tree() {
+    if [ "$1" = ab ]; then echo "$BUILD-ab"; elif [ -n "${AB_BASE_SRC:-}" ]; then echo "$BUILD-ref"; else echo "$BUILD"; fi
+  }
   for v in base ab; do
     flags=""
     [ "$v" = ab ] && flags=$AB_FLAGS
