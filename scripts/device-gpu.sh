@@ -211,7 +211,7 @@ if named ab; then
   }
   for v in base ab; do
     flags=""
-    [ "$v" = ab ] && flags=$AB_FLAGS
+    [ "$v" = ab ] && flags=${AB_FLAGS:-}
     src=.
     [ "$v" = base ] && src=${AB_BASE_SRC:-.}
     ( configure_sm90 "$(ab_tree $v)" "$OUT/ab_configure_$v.log" "$flags" "$src" \
