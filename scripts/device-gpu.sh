@@ -3,9 +3,10 @@
 # CLI (its `mxmoe bench` is the benchmark), check registers/SASS, run the GPU tests, a
 # compute-sanitizer pass on a small case, and the benchmark. Full logs go to $OUT (or
 # ./device-out); a short table is printed last.
-#   scripts/device-gpu.sh [all|build|test|sanitize|bench|profile|bench2|kprofile|dprofile|sprofile|sm120|ab] ...
+#   scripts/device-gpu.sh [all|build|test|sanitize|bench|profile|bench2|kprofile|dprofile|sprofile|sm120|ab|phases] ...
 #   (default: all; sprofile, per-instruction stall samples, sm120, the SM120 path in emulation
-#   and its sm_120a SASS, and ab, a compile-time variant against the default, only when named)
+#   and its sm_120a SASS, ab, a compile-time variant against the default, and phases, the wgmma
+#   CTAs' cycles by phase, only when named)
 #   EXTRA_CUDA_FLAGS adds nvcc flags (e.g. -DMXMOE_DEBUG_MBAR_TIMEOUT); GTEST_FILTER=... narrows the suite; BENCH_ARGS="--shapes kimi-k3 --tokens 1,8" narrows the
 #   benchmark (default: the whole sweep of `make bench`, with the PyTorch peer and the report).
 set -uo pipefail
@@ -190,6 +191,26 @@ if named sprofile; then
   ncu --import "$rep.ncu-rep" --page source --csv --print-source sass >"$OUT/sprofile.csv" 2>"$OUT/sprofile_err.log"
   note "sprofile export: rc=$? $(wc -l <"$OUT/sprofile.csv") lines in $(( $(secs) - t0 )) s"
   python3 scripts/sprofile_top.py "$OUT/sprofile.csv" 40 | tee -a "$SUMMARY"
+fi
+
+# Not part of `all`: `scripts/device-gpu.sh phases`. Where the wgmma kernels' CTAs spend their
+# cycles (src/cuda/sm90/phase_timing.cuh): a tree built with -DMXMOE_PHASE_TIMING, then for each
+# token count in PHASE_TOKENS (default 4096 16384) one process of the Kimi-K3 layer (uniform; the
+# heuristics' config unless MXMOE_GEMM_CONFIG says otherwise), whose per-GEMM lines it keeps.
+if named phases; then
+  t0=$(secs)
+  configure_sm90 "$BUILD-phases" "$OUT/phases_configure.log" "-DMXMOE_PHASE_TIMING" \
+    && cmake --build "$BUILD-phases" -j16 --target mxmoe_cli >"$OUT/phases_build.log" 2>&1
+  rc=$?
+  note "phases build: rc=$rc in $(( $(secs) - t0 )) s"
+  if [ "$rc" = 0 ]; then
+    for t in ${PHASE_TOKENS:-4096 16384}; do
+      timeout 120 "$BUILD-phases/bin/mxmoe" bench --shapes kimi-k3 --routing uniform --tokens "$t" --check-tokens 1 \
+        >"$OUT/phases_$t.log" 2>&1
+      note "phases T = $t: rc=$?"
+      grep -E "^kimi-k3 |mxmoe phase timing" "$OUT/phases_$t.log" | tee -a "$SUMMARY" >/dev/null
+    done
+  fi
 fi
 
 # Not part of `all`: `AB_FLAGS=-DSOME_MACRO scripts/device-gpu.sh ab`. An A/B of a

@@ -41,6 +41,7 @@
 #include "cuda/moe_kernels.h"
 #include "cuda/ptx.cuh"
 #include "cuda/sm90/epilogue.cuh"
+#include "cuda/sm90/phase_timing.cuh"
 #include "cuda/sm90/tensor_map.h"
 #include "cuda/sm90/tile_loader.cuh"
 #include "cuda/sm90/wgmma.cuh"
@@ -167,6 +168,7 @@ inline constexpr int kNarrowLoadWidth = 32;
 template <class Cfg>
 struct StageMap {
   uint32_t base;
+  PhaseClock clock;  // this thread's (phase_timing.cuh; empty unless built with MXMOE_PHASE_TIMING)
   __device__ uint32_t B(int s, int j = 0) const { return base + s * Cfg::kSmemStage + j * Cfg::kSubB; }
   __device__ uint32_t A(int s) const { return B(s, Cfg::kStepsPerStage); }
   __device__ uint32_t Scales(int s) const { return A(s) + Cfg::kStepsPerStage * Cfg::kSubA; }
@@ -175,9 +177,12 @@ struct StageMap {
   // Pipeline slot `slot` (one stage's load: kStepsPerStage reduction steps, fewer at a tile's end)
   // uses stage slot % kStages, in round slot / kStages of it. The consumers wait until the slot's
   // stage is loaded; the producer until it is free again (the first kStages slots find theirs free).
-  __device__ void WaitLoaded(int slot) const { wgmma::MbarWait(Full(slot % Cfg::kStages), (slot / Cfg::kStages) & 1); }
+  __device__ void WaitLoaded(int slot) const {
+    clock.Time([&] { wgmma::MbarWait(Full(slot % Cfg::kStages), (slot / Cfg::kStages) & 1); });
+  }
   __device__ void WaitFree(int slot) const {
-    if (slot >= Cfg::kStages) wgmma::MbarWait(Empty(slot % Cfg::kStages), (slot / Cfg::kStages - 1) & 1);
+    if (slot >= Cfg::kStages)
+      clock.Time([&] { wgmma::MbarWait(Empty(slot % Cfg::kStages), (slot / Cfg::kStages - 1) & 1); });
   }
 };
 
@@ -251,6 +256,7 @@ __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const Consu
     }
   }
   wgmma::Wait<0>();
+  sm.clock.MainEnd();
 #pragma unroll
   for (int f = 0; f < kMFrags; ++f) wgmma::FenceOperand(acc[f]);
   if (slots > 0 && c.lane == 0) wgmma::MbarArrive(sm.Empty((c.slot0 + slots - 1) % Cfg::kStages));
@@ -351,12 +357,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   if (role == 0) {
     // ---- producer ----
     wgmma::RegDealloc<Cfg::kProducerRegs>();
-    if (warp == 0) ProduceTile(p, tc, sm, &map_wide, &map_narrow, groups, width, k_tiles, 0, lane);
+    if (warp == 0) {
+      sm.clock.Start();
+      ProduceTile(p, tc, sm, &map_wide, &map_narrow, groups, width, k_tiles, 0, lane);
+      RecordProducerPhases<kFc1>(sm.clock, lane == 0);
+    }
     return;
   }
 
   // ---- consumers ----
   wgmma::RegAlloc<Cfg::kConsumerRegs>();
+  sm.clock.Start();
   const int wg = role - 1;
   const ConsumerArgs c = ConsumerArgsOf<Cfg>(k_tiles, warp, wg, lane, 0, groups);
   ConsumeTileOfWidth<Cfg>(width, sm, c, [&](const auto& acc) {
@@ -374,6 +385,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     ptx::NamedBarrierSync(kEpilogueBarrier, Cfg::kConsumers * 128);
     Fc1Epilogue<Cfg::kBlockN>(p, tc, groups, staged, wg * 4 + warp, Cfg::kConsumers * 4, lane);
   }
+  RecordConsumerPhases<kFc1>(sm.clock, warp == 0 && lane == 0);
 #else
   __trap();  // built for sm_90a only; cuda_moe.cu refuses other devices before launching
 #endif
@@ -543,6 +555,7 @@ inline constexpr bool HasPersistentFc1 = Cfg::kBlockN == 128 && Cfg::kInFlight =
 
 template <class Cfg>
 cudaError_t PrepareWgmmaConfig() {
+  RegisterPhaseCycles<Cfg>();
   cudaError_t e = AllowDynamicSmem(MoeWgmmaKernel<Cfg, true>, MoeWgmmaKernel<Cfg, false>, Cfg::kSmemBytes);
   if constexpr (HasPersistentFc1<Cfg>) {  // (prepared whether on or not: it may be turned on later)
     for (int a = 0; e == cudaSuccess && a < static_cast<int>(ActivationType::InvalidType); ++a)

@@ -1,0 +1,121 @@
+// Where a wgmma CTA's time goes, for diagnosis: built with -DMXMOE_PHASE_TIMING, the wgmma kernels
+// (moe_wgmma.cuh) time their phases with the SM's cycle counter and add them, per GEMM, into a
+// device table of their translation unit; at exit every config that ran prints one line per GEMM:
+//   consumers (lane 0 of each consumer warpgroup's first warp): cycles per warpgroup from its
+//     start (after setmaxnreg) to the end of its epilogue, and the shares spent waiting for the
+//     tile's first stage, waiting for its later stages, in the rest of the main loop (dequantizing,
+//     issuing and waiting for MMAs) and in the epilogue (from the last MMA's completion on);
+//   producer (lane 0 of warp 0): cycles from its start to its last copy issued, and the share spent
+//     waiting for free stages.
+// Run one token count per process (`mxmoe bench --tokens T`): the sums cover every call, warm-up and
+// check included. Without the macro every piece compiles to nothing (PhaseClock is empty).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace mxmoe::cuda::sm90 {
+
+#ifdef MXMOE_PHASE_TIMING
+enum PhaseSlot : int {
+  kPhaseConsumers,      // consumer warpgroups timed
+  kPhaseConsumerTotal,  // their cycles from start to the end of the epilogue
+  kPhaseFirstStage,     // waiting for the tile's first stage
+  kPhaseStageWaits,     // waiting for later stages
+  kPhaseEpilogue,       // from the last MMA's completion to the end
+  kPhaseProducers,      // producer warps timed
+  kPhaseProducerTotal,  // their cycles from start to the last copy issued
+  kPhaseProducerWaits,  // waiting for free stages
+  kNumPhaseSlots
+};
+
+// [FC2, FC1][slot], this translation unit's (one GEMM config's) sums.
+static __device__ unsigned long long g_phase_cycles[2][kNumPhaseSlots];
+
+// One thread's clock: its start, the end of its main loop and its waits (the first apart).
+struct PhaseClock {
+  mutable long long start = 0, main_end = 0, first_wait = 0, waits = 0;
+  mutable int n_waits = 0;
+  __device__ void Start() const { start = clock64(); }
+  __device__ void MainEnd() const { main_end = clock64(); }
+  template <class Wait>
+  __device__ void Time(const Wait& wait) const {
+    const long long t = clock64();
+    wait();
+    const long long d = clock64() - t;
+    (n_waits++ == 0 ? first_wait : waits) += d;
+  }
+};
+
+template <bool kFc1>
+__device__ __forceinline__ void RecordConsumerPhases(const PhaseClock& c, bool leader) {
+  if (!leader) return;
+  const long long end = clock64();
+  unsigned long long* t = g_phase_cycles[kFc1 ? 1 : 0];
+  atomicAdd(&t[kPhaseConsumers], 1ull);
+  atomicAdd(&t[kPhaseConsumerTotal], static_cast<unsigned long long>(end - c.start));
+  atomicAdd(&t[kPhaseFirstStage], static_cast<unsigned long long>(c.first_wait));
+  atomicAdd(&t[kPhaseStageWaits], static_cast<unsigned long long>(c.waits));
+  atomicAdd(&t[kPhaseEpilogue], static_cast<unsigned long long>(end - c.main_end));
+}
+
+template <bool kFc1>
+__device__ __forceinline__ void RecordProducerPhases(const PhaseClock& c, bool leader) {
+  if (!leader) return;
+  unsigned long long* t = g_phase_cycles[kFc1 ? 1 : 0];
+  atomicAdd(&t[kPhaseProducers], 1ull);
+  atomicAdd(&t[kPhaseProducerTotal], static_cast<unsigned long long>(clock64() - c.start));
+  atomicAdd(&t[kPhaseProducerWaits], static_cast<unsigned long long>(c.first_wait + c.waits));
+}
+
+// Prints this translation unit's table (an atexit handler: the CUDA runtime is still up).
+template <class Cfg>
+void PrintPhaseCycles() {
+  unsigned long long t[2][kNumPhaseSlots] = {};
+  if (cudaMemcpyFromSymbol(t, g_phase_cycles, sizeof(t)) != cudaSuccess) return;
+  for (int fc1 = 1; fc1 >= 0; --fc1) {
+    const unsigned long long* r = t[fc1];
+    if (r[kPhaseConsumers] == 0) continue;
+    const double total = static_cast<double>(r[kPhaseConsumerTotal]);
+    const double pct = 100.0 / total;
+    const double main = total - static_cast<double>(r[kPhaseFirstStage] + r[kPhaseStageWaits] + r[kPhaseEpilogue]);
+    std::fprintf(stderr,
+                 "mxmoe phase timing: wgmma BLOCK_N %d, %d stages of %d steps, %s: %.0f cycles per consumer "
+                 "warpgroup (%llu timed): first stage %.1f%%, later stages %.1f%%, rest of the main loop %.1f%%, "
+                 "epilogue %.1f%%; producer %.0f cycles, %.1f%% of them waiting for free stages\n",
+                 Cfg::kBlockN, Cfg::kStages, Cfg::kStepsPerStage, fc1 ? "FC1" : "FC2",
+                 total / static_cast<double>(r[kPhaseConsumers]), r[kPhaseConsumers],
+                 pct * static_cast<double>(r[kPhaseFirstStage]), pct * static_cast<double>(r[kPhaseStageWaits]),
+                 pct * main, pct * static_cast<double>(r[kPhaseEpilogue]),
+                 r[kPhaseProducers] ? static_cast<double>(r[kPhaseProducerTotal]) / static_cast<double>(r[kPhaseProducers]) : 0.0,
+                 r[kPhaseProducerTotal] ? 100.0 * static_cast<double>(r[kPhaseProducerWaits]) /
+                                              static_cast<double>(r[kPhaseProducerTotal])
+                                        : 0.0);
+  }
+}
+
+template <class Cfg>
+void RegisterPhaseCycles() {
+  static const bool registered = std::atexit(&PrintPhaseCycles<Cfg>) == 0;
+  (void)registered;
+}
+#else
+struct PhaseClock {
+  __device__ void Start() const {}
+  __device__ void MainEnd() const {}
+  template <class Wait>
+  __device__ void Time(const Wait& wait) const {
+    wait();
+  }
+};
+template <bool kFc1>
+__device__ __forceinline__ void RecordConsumerPhases(const PhaseClock&, bool) {}
+template <bool kFc1>
+__device__ __forceinline__ void RecordProducerPhases(const PhaseClock&, bool) {}
+template <class Cfg>
+void RegisterPhaseCycles() {}
+#endif
+
+}  // namespace mxmoe::cuda::sm90
