@@ -128,7 +128,7 @@ __device__ __forceinline__ void DequantStep(const uint4 (&frag_a)[kMFrags], cons
 template <int kMFrags, int kNTiles, int kStep, int kASets>
 __device__ __forceinline__ void IssueStep(const uint4 (&frag_a)[kMFrags], const uint32_t (&frag_s)[kMFrags],
                                           uint32_t (&areg)[kASets][kMFrags][4], uint64_t desc_b,
-                                          float (&acc)[kMFrags][kNTiles][4]) {
+                                          float (&acc)[kMFrags][kNTiles][4], const PhaseClock& clock) {
   DequantStep<kMFrags, kStep>(frag_a, frag_s, areg[kStep % kASets]);
   wgmma::Fence();
 #pragma unroll
@@ -138,7 +138,7 @@ __device__ __forceinline__ void IssueStep(const uint4 (&frag_a)[kMFrags], const 
   // At most kASets - 1 groups stay in flight: the register set the next step writes (that of the
   // group kASets - 1 before it) is free again, and at the end of a step (4 groups, kASets <= 4)
   // every MMA of the step before has finished reading its stage.
-  wgmma::Wait<kASets - 1>();
+  clock.TimeMmaWait([] { wgmma::Wait<kASets - 1>(); });
 }
 
 // The tile widths the MMAs take: a tile's valid columns rounded up to a multiple of 8, at most
@@ -247,10 +247,10 @@ __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const Consu
       const uint64_t desc_b = wgmma::SmemDescK128(sm.B(s, j), 1024);
 #pragma unroll
       for (int f = 0; f < kMFrags; ++f) wgmma::FenceOperand(acc[f]);
-      IssueStep<kMFrags, kNTiles, 0, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc);
-      IssueStep<kMFrags, kNTiles, 1, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc);
-      IssueStep<kMFrags, kNTiles, 2, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc);
-      IssueStep<kMFrags, kNTiles, 3, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc);
+      IssueStep<kMFrags, kNTiles, 0, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc, sm.clock);
+      IssueStep<kMFrags, kNTiles, 1, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc, sm.clock);
+      IssueStep<kMFrags, kNTiles, 2, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc, sm.clock);
+      IssueStep<kMFrags, kNTiles, 3, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc, sm.clock);
       // Every MMA of the slot before has completed: its stage is free.
       if (j == 0 && i > 0 && c.lane == 0) wgmma::MbarArrive(sm.Empty((slot - 1) % Cfg::kStages));
     }

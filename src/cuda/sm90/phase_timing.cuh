@@ -3,12 +3,15 @@
 // device table of their translation unit; at exit every config that ran prints one line per GEMM:
 //   consumers (lane 0 of each consumer warpgroup's first warp): cycles per warpgroup from its
 //     start (after setmaxnreg) to the end of its epilogue, and the shares spent waiting for the
-//     tile's first stage, waiting for its later stages, in the rest of the main loop (dequantizing,
-//     issuing and waiting for MMAs) and in the epilogue (from the last MMA's completion on);
+//     tile's first stage, waiting for its later stages, waiting for MMA groups to complete (the
+//     wait after each k16 step's group), in the rest of the main loop (dequantizing and issuing)
+//     and in the epilogue (from the last MMA's completion on);
 //   producer (lane 0 of warp 0): cycles from its start to its last copy issued, and the share spent
 //     waiting for free stages.
 // Run one token count per process (`mxmoe bench --tokens T`): the sums cover every call, warm-up and
-// check included. Without the macro every piece compiles to nothing (PhaseClock is empty).
+// check included. The clock reads add ~5 instructions per k16 step to the main loop: compare the
+// timed build's layer time with the default build's. Without the macro every piece compiles to
+// nothing (PhaseClock is empty; the kernels' SASS is unchanged).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,6 +27,7 @@ enum PhaseSlot : int {
   kPhaseConsumerTotal,  // their cycles from start to the end of the epilogue
   kPhaseFirstStage,     // waiting for the tile's first stage
   kPhaseStageWaits,     // waiting for later stages
+  kPhaseMmaWaits,       // waiting for MMA groups (wgmma.wait_group after each k16 step)
   kPhaseEpilogue,       // from the last MMA's completion to the end
   kPhaseProducers,      // producer warps timed
   kPhaseProducerTotal,  // their cycles from start to the last copy issued
@@ -36,7 +40,7 @@ static __device__ unsigned long long g_phase_cycles[2][kNumPhaseSlots];
 
 // One thread's clock: its start, the end of its main loop and its waits (the first apart).
 struct PhaseClock {
-  mutable long long start = 0, main_end = 0, first_wait = 0, waits = 0;
+  mutable long long start = 0, main_end = 0, first_wait = 0, waits = 0, mma_waits = 0;
   mutable int n_waits = 0;
   __device__ void Start() const { start = clock64(); }
   __device__ void MainEnd() const { main_end = clock64(); }
@@ -46,6 +50,12 @@ struct PhaseClock {
     wait();
     const long long d = clock64() - t;
     (n_waits++ == 0 ? first_wait : waits) += d;
+  }
+  template <class Wait>
+  __device__ void TimeMmaWait(const Wait& wait) const {
+    const long long t = clock64();
+    wait();
+    mma_waits += clock64() - t;
   }
 };
 
@@ -58,6 +68,7 @@ __device__ __forceinline__ void RecordConsumerPhases(const PhaseClock& c, bool l
   atomicAdd(&t[kPhaseConsumerTotal], static_cast<unsigned long long>(end - c.start));
   atomicAdd(&t[kPhaseFirstStage], static_cast<unsigned long long>(c.first_wait));
   atomicAdd(&t[kPhaseStageWaits], static_cast<unsigned long long>(c.waits));
+  atomicAdd(&t[kPhaseMmaWaits], static_cast<unsigned long long>(c.mma_waits));
   atomicAdd(&t[kPhaseEpilogue], static_cast<unsigned long long>(end - c.main_end));
 }
 
@@ -80,15 +91,17 @@ void PrintPhaseCycles() {
     if (r[kPhaseConsumers] == 0) continue;
     const double total = static_cast<double>(r[kPhaseConsumerTotal]);
     const double pct = 100.0 / total;
-    const double main = total - static_cast<double>(r[kPhaseFirstStage] + r[kPhaseStageWaits] + r[kPhaseEpilogue]);
+    const double main = total - static_cast<double>(r[kPhaseFirstStage] + r[kPhaseStageWaits] + r[kPhaseMmaWaits] +
+                                                    r[kPhaseEpilogue]);
     std::fprintf(stderr,
                  "mxmoe phase timing: wgmma BLOCK_N %d, %d stages of %d steps, %s: %.0f cycles per consumer "
-                 "warpgroup (%llu timed): first stage %.1f%%, later stages %.1f%%, rest of the main loop %.1f%%, "
+                 "warpgroup (%llu timed): first stage %.1f%%, later stages %.1f%%, MMA waits %.1f%%, rest of the main "
+                 "loop %.1f%%, "
                  "epilogue %.1f%%; producer %.0f cycles, %.1f%% of them waiting for free stages\n",
                  Cfg::kBlockN, Cfg::kStages, Cfg::kStepsPerStage, fc1 ? "FC1" : "FC2",
                  total / static_cast<double>(r[kPhaseConsumers]), r[kPhaseConsumers],
                  pct * static_cast<double>(r[kPhaseFirstStage]), pct * static_cast<double>(r[kPhaseStageWaits]),
-                 pct * main, pct * static_cast<double>(r[kPhaseEpilogue]),
+                 pct * static_cast<double>(r[kPhaseMmaWaits]), pct * main, pct * static_cast<double>(r[kPhaseEpilogue]),
                  r[kPhaseProducers] ? static_cast<double>(r[kPhaseProducerTotal]) / static_cast<double>(r[kPhaseProducers]) : 0.0,
                  r[kPhaseProducerTotal] ? 100.0 * static_cast<double>(r[kPhaseProducerWaits]) /
                                               static_cast<double>(r[kPhaseProducerTotal])
@@ -107,6 +120,10 @@ struct PhaseClock {
   __device__ void MainEnd() const {}
   template <class Wait>
   __device__ void Time(const Wait& wait) const {
+    wait();
+  }
+  template <class Wait>
+  __device__ void TimeMmaWait(const Wait& wait) const {
     wait();
   }
 };
