@@ -193,10 +193,11 @@ if named sprofile; then
   python3 scripts/sprofile_top.py "$OUT/sprofile.csv" 40 | tee -a "$SUMMARY"
 fi
 
-# Not part of `all`: `scripts/device-gpu.sh phases`. Where the wgmma kernels' CTAs spend their
+# Not part of `all`: `scripts/device-gpu.sh phases`. Where the GEMM kernels' CTAs spend their
 # cycles (src/cuda/sm90/phase_timing.cuh): a tree built with -DMXMOE_PHASE_TIMING, then for each
-# token count in PHASE_TOKENS (default 4096 16384) one process of the Kimi-K3 layer (uniform; the
-# heuristics' config unless MXMOE_GEMM_CONFIG says otherwise), whose per-GEMM lines it keeps.
+# token count in PHASE_TOKENS (default 1 1024 4096 16384: n8c2, n32, wg128d3x3) one process of the
+# Kimi-K3 layer (uniform; the heuristics' config unless MXMOE_GEMM_CONFIG says otherwise), whose
+# per-GEMM lines it keeps.
 if named phases; then
   t0=$(secs)
   configure_sm90 "$BUILD-phases" "$OUT/phases_configure.log" "-DMXMOE_PHASE_TIMING" \
@@ -204,7 +205,7 @@ if named phases; then
   rc=$?
   note "phases build: rc=$rc in $(( $(secs) - t0 )) s"
   if [ "$rc" = 0 ]; then
-    for t in ${PHASE_TOKENS:-4096 16384}; do
+    for t in ${PHASE_TOKENS:-1 1024 4096 16384}; do
       timeout 120 "$BUILD-phases/bin/mxmoe" bench --shapes kimi-k3 --routing uniform --tokens "$t" --check-tokens 1 \
         >"$OUT/phases_$t.log" 2>&1
       note "phases T = $t: rc=$?"

@@ -26,6 +26,7 @@
 #include "cuda/moe_kernels.h"
 #include "cuda/ptx.cuh"
 #include "cuda/sm90/epilogue.cuh"
+#include "cuda/sm90/phase_timing.cuh"
 #include "cuda/sm90/tile_loader.cuh"
 #include "cuda/weight_layout.h"
 #include "mxmoe/formats.h"
@@ -180,6 +181,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
   // and the folded-out offset arithmetic cost n64 spills and n8 registers.
   const int k_first = Cfg::kClusterK > 1 ? min(k_all, k_part * k_per) : 0;
   const int k_tiles = Cfg::kClusterK > 1 ? min(k_all - k_first, k_per) : k_all;  // this CTA's steps (may be 0)
+  const PhaseClock clock;  // (phase_timing.cuh; empty unless built with MXMOE_PHASE_TIMING)
+  clock.Start();
   StepLoader<Cfg::kBlockN, Cfg::kThreads> loader;
   loader.Init(p, tc, smem_rows, tid, k_first);
   const int groups = loader.groups;
@@ -216,8 +219,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
     ptx::CpAsyncCommit();
   }
   for (int chunk = 0; chunk < chunks; ++chunk) {
-    ptx::CpAsyncWait<Cfg::kStages - 2>();  // stage `chunk` has landed (one commit per stage, empty ones too)
-    __syncthreads();                        // ... for every thread, and stage chunk-1 is free
+    clock.Time([] {
+      ptx::CpAsyncWait<Cfg::kStages - 2>();  // stage `chunk` has landed (one commit per stage, empty ones too)
+      __syncthreads();                        // ... for every thread, and stage chunk-1 is free
+    });
     const int next = chunk + Cfg::kStages - 1;
     if (next < chunks) load_stage(next % Cfg::kStages, next);
     ptx::CpAsyncCommit();
@@ -233,6 +238,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
     }
   }
   ptx::CpAsyncWait<0>();
+  clock.MainEnd();
   if constexpr (Cfg::kSplitK > 1) {
     // Sets 1.. hand their partial sums to set 0 through the stages (free once every warp is past
     // its last step), which adds them in set order: a fixed order, so runs repeat bit for bit.
@@ -302,6 +308,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
   } else {
     if (holds_sums) Fc2Epilogue<Cfg::kMFrags, Cfg::kNTiles, 1>(p, acc, tc, row_warp, 0, lane);
   }
+  RecordConsumerPhases<kFc1>(clock, tid == 0);
 #else
   __trap();  // built for SM90 only; cuda_moe.cu refuses other devices before launching
 #endif
@@ -310,6 +317,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
 // ---- launch -----------------------------------------------------------------------------------
 template <class Cfg>
 cudaError_t PrepareGemmConfig() {
+  RegisterPhaseCycles("mma.sync BLOCK_N %d, %d stages, split %d ways in the CTA, %d CTAs per cluster", Cfg::kBlockN,
+                      Cfg::kStages, Cfg::kSplitK, Cfg::kClusterK);
   return AllowDynamicSmem(MoeGemmKernel<Cfg, true>, MoeGemmKernel<Cfg, false>, Cfg::kSmemBytes);
 }
 

@@ -555,7 +555,8 @@ inline constexpr bool HasPersistentFc1 = Cfg::kBlockN == 128 && Cfg::kInFlight =
 
 template <class Cfg>
 cudaError_t PrepareWgmmaConfig() {
-  RegisterPhaseCycles<Cfg>();
+  RegisterPhaseCycles("wgmma BLOCK_N %d, %d stages of %d steps, %d MMA groups in flight", Cfg::kBlockN, Cfg::kStages,
+                      Cfg::kStepsPerStage, Cfg::kInFlight);
   cudaError_t e = AllowDynamicSmem(MoeWgmmaKernel<Cfg, true>, MoeWgmmaKernel<Cfg, false>, Cfg::kSmemBytes);
   if constexpr (HasPersistentFc1<Cfg>) {  // (prepared whether on or not: it may be turned on later)
     for (int a = 0; e == cudaSuccess && a < static_cast<int>(ActivationType::InvalidType); ++a)

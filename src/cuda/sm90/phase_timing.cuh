@@ -1,13 +1,15 @@
-// Where a wgmma CTA's time goes, for diagnosis: built with -DMXMOE_PHASE_TIMING, the wgmma kernels
-// (moe_wgmma.cuh) time their phases with the SM's cycle counter and add them, per GEMM, into a
+// Where a GEMM CTA's time goes, for diagnosis: built with -DMXMOE_PHASE_TIMING, the SM90 kernels
+// (moe_wgmma.cuh, moe_gemm.cuh) time their phases with the SM's cycle counter and add them, per GEMM, into a
 // device table of their translation unit; at exit every config that ran prints one line per GEMM:
-//   consumers (lane 0 of each consumer warpgroup's first warp): cycles per warpgroup from its
-//     start (after setmaxnreg) to the end of its epilogue, and the shares spent waiting for the
-//     tile's first stage, waiting for its later stages, waiting for MMA groups to complete (the
-//     wait after each k16 step's group), in the rest of the main loop (dequantizing and issuing)
-//     and in the epilogue (from the last MMA's completion on);
-//   producer (lane 0 of warp 0): cycles from its start to its last copy issued, and the share spent
-//     waiting for free stages.
+//   consumers (lane 0 of each consumer warpgroup's first warp; in the mma.sync kernels, moe_gemm.cuh,
+//     thread 0 of each CTA that runs an epilogue): cycles from its start (after setmaxnreg; after
+//     the tile lookup) to the end of its epilogue, and the shares spent waiting for the
+//     tile's first stage, waiting for its later stages (mma.sync: the cp.async wait and the CTA
+//     barrier after it), waiting for MMA groups to complete (wgmma: the wait after each k16 step's
+//     group; mma.sync has none apart), in the rest of the main loop (dequantizing and issuing) and
+//     in the epilogue (from the main loop's end on);
+//   producer (wgmma, lane 0 of warp 0): cycles from its start to its last copy issued, and the
+//     share spent waiting for free stages.
 // Run one token count per process (`mxmoe bench --tokens T`): the sums cover every call, warm-up and
 // check included. The clock reads add ~5 instructions per k16 step to the main loop: compare the
 // timed build's layer time with the default build's. Without the macro every piece compiles to
@@ -81,9 +83,11 @@ __device__ __forceinline__ void RecordProducerPhases(const PhaseClock& c, bool l
   atomicAdd(&t[kPhaseProducerWaits], static_cast<unsigned long long>(c.first_wait + c.waits));
 }
 
+// This translation unit's GEMM config, as the table's lines name it.
+static char g_phase_label[128];
+
 // Prints this translation unit's table (an atexit handler: the CUDA runtime is still up).
-template <class Cfg>
-void PrintPhaseCycles() {
+static void PrintPhaseCycles() {
   unsigned long long t[2][kNumPhaseSlots] = {};
   if (cudaMemcpyFromSymbol(t, g_phase_cycles, sizeof(t)) != cudaSuccess) return;
   for (int fc1 = 1; fc1 >= 0; --fc1) {
@@ -94,24 +98,27 @@ void PrintPhaseCycles() {
     const double main = total - static_cast<double>(r[kPhaseFirstStage] + r[kPhaseStageWaits] + r[kPhaseMmaWaits] +
                                                     r[kPhaseEpilogue]);
     std::fprintf(stderr,
-                 "mxmoe phase timing: wgmma BLOCK_N %d, %d stages of %d steps, %s: %.0f cycles per consumer "
-                 "warpgroup (%llu timed): first stage %.1f%%, later stages %.1f%%, MMA waits %.1f%%, rest of the main "
-                 "loop %.1f%%, "
-                 "epilogue %.1f%%; producer %.0f cycles, %.1f%% of them waiting for free stages\n",
-                 Cfg::kBlockN, Cfg::kStages, Cfg::kStepsPerStage, fc1 ? "FC1" : "FC2",
-                 total / static_cast<double>(r[kPhaseConsumers]), r[kPhaseConsumers],
-                 pct * static_cast<double>(r[kPhaseFirstStage]), pct * static_cast<double>(r[kPhaseStageWaits]),
-                 pct * static_cast<double>(r[kPhaseMmaWaits]), pct * main, pct * static_cast<double>(r[kPhaseEpilogue]),
-                 r[kPhaseProducers] ? static_cast<double>(r[kPhaseProducerTotal]) / static_cast<double>(r[kPhaseProducers]) : 0.0,
-                 r[kPhaseProducerTotal] ? 100.0 * static_cast<double>(r[kPhaseProducerWaits]) /
-                                              static_cast<double>(r[kPhaseProducerTotal])
-                                        : 0.0);
+                 "mxmoe phase timing: %s, %s: %.0f cycles per timed thread (%llu): first stage %.1f%%, later stages "
+                 "%.1f%%, MMA waits %.1f%%, rest of the main loop %.1f%%, epilogue %.1f%%",
+                 g_phase_label, fc1 ? "FC1" : "FC2", total / static_cast<double>(r[kPhaseConsumers]),
+                 r[kPhaseConsumers], pct * static_cast<double>(r[kPhaseFirstStage]),
+                 pct * static_cast<double>(r[kPhaseStageWaits]), pct * static_cast<double>(r[kPhaseMmaWaits]),
+                 pct * main, pct * static_cast<double>(r[kPhaseEpilogue]));
+    if (r[kPhaseProducers] > 0 && r[kPhaseProducerTotal] > 0)
+      std::fprintf(stderr, "; producer %.0f cycles, %.1f%% of them waiting for free stages",
+                   static_cast<double>(r[kPhaseProducerTotal]) / static_cast<double>(r[kPhaseProducers]),
+                   100.0 * static_cast<double>(r[kPhaseProducerWaits]) / static_cast<double>(r[kPhaseProducerTotal]));
+    std::fprintf(stderr, "\n");
   }
 }
 
-template <class Cfg>
-void RegisterPhaseCycles() {
-  static const bool registered = std::atexit(&PrintPhaseCycles<Cfg>) == 0;
+// Names this unit's config (printf-style) and prints its table at exit; the first call counts.
+template <class... Args>
+void RegisterPhaseCycles(const char* format, Args... args) {
+  static const bool registered = [&] {
+    std::snprintf(g_phase_label, sizeof(g_phase_label), format, args...);
+    return std::atexit(&PrintPhaseCycles) == 0;
+  }();
   (void)registered;
 }
 #else
@@ -131,8 +138,8 @@ template <bool kFc1>
 __device__ __forceinline__ void RecordConsumerPhases(const PhaseClock&, bool) {}
 template <bool kFc1>
 __device__ __forceinline__ void RecordProducerPhases(const PhaseClock&, bool) {}
-template <class Cfg>
-void RegisterPhaseCycles() {}
+template <class... Args>
+void RegisterPhaseCycles(const char*, Args...) {}
 #endif
 
 }  // namespace mxmoe::cuda::sm90
