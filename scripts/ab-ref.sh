@@ -7,5 +7,7 @@ cd "$(dirname "$0")/.."
 ref=${1:?usage: scripts/ab-ref.sh REF}
 rm -rf .ab_ref
 mkdir .ab_ref
-git archive "$ref" | tar -x -C .ab_ref --exclude=docs
+# -m: the files get the time of the export, not of the commit, so that a build tree of an earlier
+# export sees them as changed.
+git archive "$ref" | tar -x -m -C .ab_ref --exclude=docs
 echo "exported $(git rev-parse --short "$ref") into .ab_ref ($(du -sh .ab_ref | cut -f1))"

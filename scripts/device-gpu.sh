@@ -5,7 +5,7 @@
 # ./device-out); a short table is printed last.
 #   scripts/device-gpu.sh [all|build|test|sanitize|bench|profile|bench2|kprofile|dprofile|sprofile|sm120|ab|phases] ...
 #   (default: all; sprofile, per-instruction stall samples, sm120, the SM120 path in emulation
-#   and its sm_120a SASS, ab, a compile-time variant against the default, and phases, the wgmma
+#   and its sm_120a SASS, ab, a compile-time variant against the default, and phases, the GEMM
 #   CTAs' cycles by phase, only when named)
 #   EXTRA_CUDA_FLAGS adds nvcc flags (e.g. -DMXMOE_DEBUG_MBAR_TIMEOUT); GTEST_FILTER=... narrows the suite; BENCH_ARGS="--shapes kimi-k3 --tokens 1,8" narrows the
 #   benchmark (default: the whole sweep of `make bench`, with the PyTorch peer and the report).
@@ -221,7 +221,8 @@ fi
 # 4096) in the order base, variant, variant, base, every row checked against the unfused GPU
 # reference first (perf-log v11.2). AB_BASE_SRC=DIR builds the base from the sources in DIR
 # instead (another commit: `scripts/ab-ref.sh REF` exports one into .ab_ref, which the device
-# call then carries); AB_ENV="VAR=value ..." is the variant rows' environment.
+# call then carries); AB_ENV="VAR=value ..." is the variant rows' environment (split at spaces; no
+# glob characters).
 if named ab; then
   [ -n "${AB_FLAGS:-}${AB_BASE_SRC:-}${AB_ENV:-}" ] || { note "ab: set AB_FLAGS, AB_BASE_SRC or AB_ENV"; exit 1; }
   [ -z "${AB_BASE_SRC:-}" ] || [ -f "$AB_BASE_SRC/CMakeLists.txt" ] || { note "ab: no sources in $AB_BASE_SRC"; exit 1; }
@@ -231,6 +232,9 @@ if named ab; then
   ab_tree() {
     if [ "$1" = ab ]; then echo "$BUILD-ab"; elif [ -n "${AB_BASE_SRC:-}" ]; then echo "$BUILD-ref"; else echo "$BUILD"; fi
   }
+  # A tree of another commit's sources is built afresh: the copy to this machine need not keep
+  # the files' times, and a tree left by an earlier call may hold another commit.
+  [ -z "${AB_BASE_SRC:-}" ] || rm -rf "$(ab_tree base)"
   for v in base ab; do
     flags=""
     [ "$v" = ab ] && flags=${AB_FLAGS:-}

@@ -6,8 +6,8 @@
 //     the tile lookup) to the end of its epilogue, and the shares spent waiting for the
 //     tile's first stage, waiting for its later stages (mma.sync: the cp.async wait and the CTA
 //     barrier after it), waiting for MMA groups to complete (wgmma: the wait after each k16 step's
-//     group; mma.sync has none apart), in the rest of the main loop (dequantizing and issuing) and
-//     in the epilogue (from the main loop's end on);
+//     group; mma.sync has none apart), in the rest of the main loop (dequantizing and issuing, and
+//     the wait for the last MMA groups) and in the epilogue (from the main loop's end on);
 //   producer (wgmma, lane 0 of warp 0): cycles from its start to its last copy issued, and the
 //     share spent waiting for free stages.
 // Run one token count per process (`mxmoe bench --tokens T`): the sums cover every call, warm-up and
@@ -83,8 +83,11 @@ __device__ __forceinline__ void RecordProducerPhases(const PhaseClock& c, bool l
   atomicAdd(&t[kPhaseProducerWaits], static_cast<unsigned long long>(c.first_wait + c.waits));
 }
 
-// This translation unit's GEMM config, as the table's lines name it.
+// This translation unit's GEMM config, as the table's lines name it, and whether its handler is
+// registered (unit-local: a function-local static in the template below would be one variable for
+// every unit that instantiates it with the same argument types).
 static char g_phase_label[128];
+static bool g_phase_registered = false;
 
 // Prints this translation unit's table (an atexit handler: the CUDA runtime is still up).
 static void PrintPhaseCycles() {
@@ -113,13 +116,13 @@ static void PrintPhaseCycles() {
 }
 
 // Names this unit's config (printf-style) and prints its table at exit; the first call counts.
+// (Internal linkage: each unit registers its own table.)
 template <class... Args>
-void RegisterPhaseCycles(const char* format, Args... args) {
-  static const bool registered = [&] {
-    std::snprintf(g_phase_label, sizeof(g_phase_label), format, args...);
-    return std::atexit(&PrintPhaseCycles) == 0;
-  }();
-  (void)registered;
+static void RegisterPhaseCycles(const char* format, Args... args) {
+  if (g_phase_registered) return;
+  g_phase_registered = true;
+  std::snprintf(g_phase_label, sizeof(g_phase_label), format, args...);
+  std::atexit(&PrintPhaseCycles);
 }
 #else
 struct PhaseClock {
