@@ -11,8 +11,10 @@
 //   producer (wgmma, lane 0 of warp 0): cycles from its start to its last copy issued, and the
 //     share spent waiting for free stages.
 // Run one token count per process (`mxmoe bench --tokens T`): the sums cover every call, warm-up and
-// check included. The clock reads add ~5 instructions per k16 step to the main loop: compare the
-// timed build's layer time with the default build's. Without the macro every piece compiles to
+// check included. The clock reads add instructions to the main loop (two reads, two moves to
+// uniform registers and the sums per timed wait; in wg128d3x3's SASS a width's span from its first
+// to its last MMA grows from 106-110 instructions to 115 in FC1 and 124 in FC2): compare the timed
+// build's layer time with the default build's. Without the macro every piece compiles to
 // nothing (PhaseClock is empty; the kernels' SASS is unchanged).
 #pragma once
 
@@ -25,7 +27,7 @@ namespace mxmoe::cuda::sm90 {
 
 #ifdef MXMOE_PHASE_TIMING
 enum PhaseSlot : int {
-  kPhaseConsumers,      // consumer warpgroups timed
+  kPhaseConsumers,      // consumer threads timed (one per consumer warpgroup; mma.sync: per CTA)
   kPhaseConsumerTotal,  // their cycles from start to the end of the epilogue
   kPhaseFirstStage,     // waiting for the tile's first stage
   kPhaseStageWaits,     // waiting for later stages
