@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # `make bench` on the GPU machine, after the build: the sweep (mxmoe bench), the plain PyTorch peer
-# on the same weights and inputs, then the report (table with the ratio per row, issue 5's
-# targets, PNG). Installs nothing.
+# and the Triton MXFP4 peer (where triton imports) on the same weights and inputs, then the report
+# (table with the ratio per row for each peer, issue 5's targets, PNG). Installs nothing.
 #   bench/run.sh BUILD_DIR OUT_DIR [mxmoe bench options ...]
-# Writes OUT_DIR/{mxmoe.csv,mxmoe.log,torch.csv,torch.log,report.txt,roofline.png}. The dump the
-# peer reads (23 GB for the default sweep) goes to /dev/shm when it has room (no disk traffic),
-# else OUT_DIR/dump, or to $BENCH_DUMP; it is deleted at the end unless BENCH_KEEP_DUMP=1.
+# Writes OUT_DIR/{mxmoe,torch,triton}.{csv,log}, report.txt and roofline.png. The dump the peers
+# read (23 GB for the default sweep) goes to /dev/shm when it has room (no disk traffic), else
+# OUT_DIR/dump, or to $BENCH_DUMP; it is deleted at the end unless BENCH_KEEP_DUMP=1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 2 ]; then
@@ -31,12 +31,20 @@ echo "== mxmoe bench (dump for the peer in $dump)"
 rc_mxmoe=${PIPESTATUS[0]}
 lap "mxmoe bench (rc $rc_mxmoe)"
 
-rc_peer=1
+rc_peer=1 rc_triton=skipped
 if [ -f "$dump/manifest.json" ]; then
   echo "== PyTorch peer (bench/peers/torch_moe.py)"
   python3 bench/peers/torch_moe.py --dump "$dump" --csv "$out/torch.csv" 2>&1 | tee "$out/torch.log"
   rc_peer=${PIPESTATUS[0]}
   lap "torch peer (rc $rc_peer)"
+  if python3 -c "import triton" 2>/dev/null; then
+    echo "== Triton peer (bench/peers/triton_moe.py)"
+    python3 bench/peers/triton_moe.py --dump "$dump" --csv "$out/triton.csv" 2>&1 | tee "$out/triton.log"
+    rc_triton=${PIPESTATUS[0]}
+    lap "triton peer (rc $rc_triton)"
+  else
+    echo "== Triton peer: skipped (python3 cannot import triton)"
+  fi
 fi
 [ "${BENCH_KEEP_DUMP:-0}" = 1 ] || rm -rf "$dump"
 
@@ -44,10 +52,11 @@ rc_report=1
 if [ -s "$out/mxmoe.csv" ]; then
   echo "== report"
   peers=()
-  [ -s "$out/torch.csv" ] && peers=(--peer "$out/torch.csv")
+  [ -s "$out/torch.csv" ] && peers+=(--peer "$out/torch.csv")
+  [ -s "$out/triton.csv" ] && peers+=(--peer "$out/triton.csv")
   python3 bench/report.py --mxmoe "$out/mxmoe.csv" "${peers[@]}" --plot "$out/roofline.png" | tee "$out/report.txt"
   rc_report=${PIPESTATUS[0]}
 fi
-echo "== make bench: $(( $(date +%s) - start )) s; mxmoe bench rc $rc_mxmoe, torch peer rc $rc_peer, report rc $rc_report;" \
-  "results in $out"
-[ "$rc_mxmoe" = 0 ] && [ "$rc_peer" = 0 ] && [ "$rc_report" = 0 ]
+echo "== make bench: $(( $(date +%s) - start )) s; mxmoe bench rc $rc_mxmoe, torch peer rc $rc_peer," \
+  "triton peer rc $rc_triton, report rc $rc_report; results in $out"
+[ "$rc_mxmoe" = 0 ] && [ "$rc_peer" = 0 ] && { [ "$rc_triton" = 0 ] || [ "$rc_triton" = skipped ]; } && [ "$rc_report" = 0 ]

@@ -107,7 +107,8 @@ if want sanitize; then
 fi
 
 if want bench; then
-  # The sweep, the PyTorch peer on the same inputs and the report (bench/run.sh, as `make bench`).
+  # The sweep, the PyTorch and Triton peers on the same inputs and the report (bench/run.sh, as
+  # `make bench`).
   t0=$(secs)
   timeout "${BENCH_TIMEOUT:-360}" bash bench/run.sh "$BUILD" "$OUT/bench" ${BENCH_ARGS:-} >"$OUT/bench.log" 2>&1
   note "bench: rc=$? in $(( $(secs) - t0 )) s"
