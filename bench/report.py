@@ -43,9 +43,14 @@ def fmt(v, spec, missing="-"):
 
 def print_table(rows, peers):
     names = sorted({p["peer"] for table in peers for p in table.values()})
+    # Peers that also timed a CUDA graph replay (a graph_us column) get that ratio too, against
+    # mxmoe's graph median.
+    graphed = {p["peer"] for table in peers for p in table.values() if p.get("graph_us")}
     head = f"{'layer':13s} {'routing':13s} {'T':>6s} {'mxmoe us':>10s} {'%roof':>6s} {'bound':>6s}"
     for n in names:
         head += f" {n + ' us':>11s} {n + '/mxmoe':>12s} {n + ' err':>9s}"
+        if n in graphed:
+            head += f" {'graph ' + n + '/mxmoe':>19s}"
     head += "  config"
     print(head)
     for r in rows:
@@ -61,6 +66,10 @@ def print_table(rows, peers):
             ratio = pus / us if (pus and us) else None
             err = number(p["normwise_err"]) if p else None
             line += f" {fmt(pus, '11.1f')} {fmt(ratio, '11.2f') + ('x' if ratio else ''):>12s} {fmt(err, '9.1e')}"
+            if n in graphed:
+                pg, mg = (number(p.get("graph_us")) if p else None), number(r.get("graph_us"))
+                gratio = pg / mg if (pg and mg and r["check"] == "ok") else None
+                line += f" {fmt(gratio, '18.2f') + ('x' if gratio else ''):>19s}"
         line += "  " + (r.get("config") or "-")  # (CSVs before the column existed: "-")
         print(line)
 
