@@ -218,8 +218,9 @@ fi
 # Not part of `all`: `AB_FLAGS=-DSOME_MACRO scripts/device-gpu.sh ab`. An A/B of a
 # compile-time variant in one session: $BUILD as the build stage makes it and $BUILD-ab with
 # AB_FLAGS added, side by side; AB_FILTER's GPU tests on the variant (default: every GEMM config and
-# the small shapes against the CPU reference); then the Kimi-K3 layer at AB_TOKENS (default 1, 1024,
-# 4096) in the order base, variant, variant, base, every row checked against the unfused GPU
+# the small shapes against the CPU reference); then the layers AB_SHAPES (default kimi-k3; a list as
+# `mxmoe bench --shapes` takes) at AB_TOKENS (default 1, 1024, 4096) in the order base, variant,
+# variant, base, every row checked against the unfused GPU
 # reference first (perf-log v11.2). AB_BASE_SRC=DIR builds the base from the sources in DIR
 # instead (another commit: `scripts/ab-ref.sh REF` exports one into .ab_ref, which the device
 # call then carries); AB_ENV="VAR=value ..." is the variant rows' environment (split at spaces; no
@@ -255,10 +256,10 @@ if named ab; then
   for v in base ab ab base; do
     env_v=""
     [ "$v" = ab ] && env_v=${AB_ENV:-}
-    timeout 90 env $env_v "$(ab_tree $v)/bin/mxmoe" bench --shapes kimi-k3 --routing uniform --tokens "${AB_TOKENS:-1,1024,4096}" \
-      --check-tokens 32 >"$OUT/ab_bench.log" 2>&1
+    timeout 90 env $env_v "$(ab_tree $v)/bin/mxmoe" bench --shapes "${AB_SHAPES:-kimi-k3}" --routing uniform \
+      --tokens "${AB_TOKENS:-1,1024,4096}" --check-tokens 32 >"$OUT/ab_bench.log" 2>&1
     rc=$?
-    grep -E "^kimi-k3 |FAIL" "$OUT/ab_bench.log" | sed "s/^/$v: /" | tee -a "$SUMMARY" >/dev/null
+    grep -E "^(kimi-k3|gpt-oss-120b|deepseek-v3) |FAIL" "$OUT/ab_bench.log" | sed "s/^/$v: /" | tee -a "$SUMMARY" >/dev/null
     [ "$rc" = 0 ] || note "$v: mxmoe bench rc=$rc"
   done
 fi

@@ -31,6 +31,10 @@
 #include "cuda/weight_layout.h"
 #include "mxmoe/formats.h"
 
+#ifndef MXMOE_KB_MUX
+#define MXMOE_KB_MUX 0
+#endif
+
 namespace mxmoe::cuda::sm90 {
 
 // ---- config -----------------------------------------------------------------------------------
@@ -69,6 +73,9 @@ struct GemmConfig {
   static constexpr int kSmemB = kKSub * kSubB;
   static constexpr int kSmemStage = kSmemA + kSmemScales + kSmemB;
   static constexpr int kSmemBytes = kStages * kSmemStage;
+  // Tiles of one token run the reduction-block multiplexed steps (ComputeStepMux) when built with
+  // -DMXMOE_KB_MUX=1 (perf-log v16; not measured yet, off by default).
+  static constexpr bool kMuxKb = MXMOE_KB_MUX && kBlockN == 8 && kSplitK == 1;
 
   static_assert(kBlockGroups == kBlockRowGroups, "the prepacked layout groups 256 rows per CTA");
   static_assert(kMFrags * kTileRows == 64, "FC1: one warp = 32 gate + 32 up rows = one MX block");
@@ -159,6 +166,93 @@ __device__ __forceinline__ void ComputeStepOfWidth(int n_tiles, const uint8_t* s
   }
 }
 
+// ---- reduction-block multiplexing, for tiles of one token (kMuxKb) ----------------------------
+// With one valid token, 7 of an n8 MMA's 8 columns would multiply zeros. Instead column j of the
+// MMAs of a group of 4 steps (8 MX blocks of 32) takes MX block j of the group alone: B's rows
+// (ldmatrix row addresses) are the token's 16-byte piece for the lanes of column j and a zero row
+// for the others, so each accumulator column sums one block's products. The weights then enter
+// the MMAs as their E2M1 bit patterns without the scale (the value times 2^-126, bf16 subnormals
+// for the codes +-0.5), the token times 2^64 (so that no product falls below fp32's normal range),
+// and each block's scale is applied once per group and accumulator in fp32 (PromoteMux):
+// instead of 64 HMUL2 and 16 scale conversions per step and thread, 8 HMUL2 on B, 4 selects and,
+// per group, 16 FFMA with their 16 scale conversions. Column j of thread c is block 2 c + j % 2 of
+// the group, that is block j % 2 of the group's step c: the thread keeps that step's scale words.
+inline constexpr uint32_t kMuxTokenScale = 0x5F805F80u;  // bf16x2 2^64
+inline constexpr float kMuxUnscale = 0x1p-64f;
+
+template <class Cfg>
+__device__ __forceinline__ void ComputeStepMux(const uint8_t* smem_a, const uint8_t* smem_s, const uint8_t* smem_b,
+                                               const uint8_t* smem_zero, int warp, int lane, int t,
+                                               float (&blk)[Cfg::kMFrags][4], uint32_t (&kept_s)[Cfg::kMFrags]) {
+  const int g = lane >> 2, c = lane & 3, r = lane & 7, q = lane >> 3;
+  uint4 frag_a[Cfg::kMFrags];
+#pragma unroll
+  for (int f = 0; f < Cfg::kMFrags; ++f) {
+    const int group = warp * Cfg::kMFrags + f;
+    frag_a[f] = *reinterpret_cast<const uint4*>(smem_a + group * kTileBytes + lane * 16);
+    const uint32_t s = *reinterpret_cast<const uint32_t*>(smem_s + group * kTileScaleBytes + g * 4);
+    if (t == c) kept_s[f] = s;
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    // Matrix q of the x4 load: 16-byte unit 4 half + q of the token's row (row 0 of the tile, whose
+    // swizzle is the identity), on the lanes that supply column 2 t + half.
+    uint32_t frag_b[4];
+    ptx::LdMatrixX4(frag_b, r == 2 * t + half ? smem_b + ((4 * half + q) << 4) : smem_zero);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) frag_b[i] = ptx::MulBf16x2(frag_b[i], kMuxTokenScale);
+#pragma unroll
+    for (int f = 0; f < Cfg::kMFrags; ++f)
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        uint32_t raw[4];
+        DecodeWord(WordOf(frag_a[f], 2 * half + s), raw);
+        ptx::MmaBf16(blk[f], raw, frag_b[2 * s], frag_b[2 * s + 1]);
+      }
+  }
+}
+
+// sum[f][h] += the group's blocks of this thread's columns times their scales (2^(stored - 127),
+// the stored byte's bf16 exponent as an fp32 one; the 2^-64 comes at the end), then blk = 0 and
+// kept_s = 0 (a last group without step c then adds 0 * 1, not 0 * a NaN block's infinity).
+// kept_s[f] holds the bytes (row g, block 0), (g + 8, 0), (g, 1), (g + 8, 1): accumulator
+// (h, j) = register 2 h + j of the fragment (row g + 8 h, column 2 c + j) takes byte 2 j + h.
+template <class Cfg>
+__device__ __forceinline__ void PromoteMux(float (&blk)[Cfg::kMFrags][4], uint32_t (&kept_s)[Cfg::kMFrags],
+                                           float (&sum)[Cfg::kMFrags][2]) {
+#pragma unroll
+  for (int f = 0; f < Cfg::kMFrags; ++f) {
+    const uint32_t w = kept_s[f];
+    const float scale[4] = {__uint_as_float((w << 23) & 0x7F800000u), __uint_as_float((w << 15) & 0x7F800000u),
+                            __uint_as_float((w << 7) & 0x7F800000u), __uint_as_float((w >> 1) & 0x7F800000u)};
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        sum[f][h] = fmaf(blk[f][2 * h + j], scale[2 * j + h], sum[f][h]);
+        blk[f][2 * h + j] = 0.0f;
+      }
+    kept_s[f] = 0;
+  }
+}
+
+// The token's sums in the accumulators' usual place (column 0: register 0 for row g, 2 for g + 8,
+// on the lanes with c = 0), the other columns zero: the four lanes of a row add their columns.
+template <class Cfg>
+__device__ __forceinline__ void FinishMux(const float (&sum)[Cfg::kMFrags][2], int lane,
+                                          float (&acc)[Cfg::kMFrags][Cfg::kNTiles][4]) {
+#pragma unroll
+  for (int f = 0; f < Cfg::kMFrags; ++f)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float v = sum[f][h];
+      v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);
+      v += __shfl_xor_sync(0xFFFFFFFFu, v, 2);
+      acc[f][0][2 * h] = (lane & 3) == 0 ? v * kMuxUnscale : 0.0f;
+      acc[f][0][2 * h + 1] = 0.0f;
+    }
+}
+
 // ---- kernel -----------------------------------------------------------------------------------
 template <class Cfg, bool kFc1>
 __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_constant__ GemmParams p) {
@@ -213,31 +307,59 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
   const int n_tiles = (tc.n_valid + 7) / 8;  // MMA tiles with a real column (kAdaptiveWidth)
 
   const int chunks = (k_tiles + Cfg::kKSub - 1) / Cfg::kKSub;
+  // The pipeline over the CTA's steps; compute(a, scales, b, step) runs each of this warp's.
+  auto main_loop = [&](const auto& compute) {
 #pragma unroll
-  for (int s = 0; s < Cfg::kStages - 1; ++s) {
-    if (s < chunks) load_stage(s, s);
-    ptx::CpAsyncCommit();
-  }
-  for (int chunk = 0; chunk < chunks; ++chunk) {
-    clock.Time([] {
-      ptx::CpAsyncWait<Cfg::kStages - 2>();  // stage `chunk` has landed (one commit per stage, empty ones too)
-      __syncthreads();                        // ... for every thread, and stage chunk-1 is free
-    });
-    const int next = chunk + Cfg::kStages - 1;
-    if (next < chunks) load_stage(next % Cfg::kStages, next);
-    ptx::CpAsyncCommit();
-    if (warp_active) {
-      const uint8_t* stage = smem + (chunk % Cfg::kStages) * Cfg::kSmemStage;
+    for (int s = 0; s < Cfg::kStages - 1; ++s) {
+      if (s < chunks) load_stage(s, s);
+      ptx::CpAsyncCommit();
+    }
+    for (int chunk = 0; chunk < chunks; ++chunk) {
+      clock.Time([] {
+        ptx::CpAsyncWait<Cfg::kStages - 2>();  // stage `chunk` has landed (one commit per stage, empty ones too)
+        __syncthreads();                        // ... for every thread, and stage chunk-1 is free
+      });
+      const int next = chunk + Cfg::kStages - 1;
+      if (next < chunks) load_stage(next % Cfg::kStages, next);
+      ptx::CpAsyncCommit();
+      if (warp_active) {
+        const uint8_t* stage = smem + (chunk % Cfg::kStages) * Cfg::kSmemStage;
 #pragma unroll
-      for (int j = 0; j < Cfg::kKSub; ++j) {
-        if (chunk * Cfg::kKSub + j >= k_tiles) break;
-        if (Cfg::kSplitK > 1 && j % Cfg::kSplitK != k_set) continue;
-        ComputeStepOfWidth<Cfg>(n_tiles, stage + j * Cfg::kSubA, stage + Cfg::kSmemA + j * Cfg::kSubScales,
-                                stage + Cfg::kSmemA + Cfg::kSmemScales + j * Cfg::kSubB, row_warp, lane, acc);
+        for (int j = 0; j < Cfg::kKSub; ++j) {
+          if (chunk * Cfg::kKSub + j >= k_tiles) break;
+          if (Cfg::kSplitK > 1 && j % Cfg::kSplitK != k_set) continue;
+          compute(stage + j * Cfg::kSubA, stage + Cfg::kSmemA + j * Cfg::kSubScales,
+                  stage + Cfg::kSmemA + Cfg::kSmemScales + j * Cfg::kSubB, chunk * Cfg::kKSub + j);
+        }
+      }
+    }
+    ptx::CpAsyncWait<0>();
+  };
+  bool muxed = false;
+  if constexpr (Cfg::kMuxKb) {
+    if (tc.n_valid == 1) {
+      muxed = true;
+      __shared__ __align__(16) uint4 smem_zero;  // the zero row of B (read after the loop's first barrier)
+      if (tid == 0) smem_zero = make_uint4(0, 0, 0, 0);
+      float blk[Cfg::kMFrags][4] = {};
+      float sum[Cfg::kMFrags][2] = {};
+      uint32_t kept_s[Cfg::kMFrags] = {};
+      main_loop([&](const uint8_t* a, const uint8_t* sc, const uint8_t* b, int step) {
+        ComputeStepMux<Cfg>(a, sc, b, reinterpret_cast<const uint8_t*>(&smem_zero), row_warp, lane, step % 4, blk,
+                            kept_s);
+        if (step % 4 == 3) PromoteMux<Cfg>(blk, kept_s, sum);
+      });
+      if (warp_active) {
+        if (k_tiles % 4 != 0) PromoteMux<Cfg>(blk, kept_s, sum);
+        FinishMux<Cfg>(sum, lane, acc);
       }
     }
   }
-  ptx::CpAsyncWait<0>();
+  if (!muxed) {
+    main_loop([&](const uint8_t* a, const uint8_t* sc, const uint8_t* b, int) {
+      ComputeStepOfWidth<Cfg>(n_tiles, a, sc, b, row_warp, lane, acc);
+    });
+  }
   clock.MainEnd();
   if constexpr (Cfg::kSplitK > 1) {
     // Sets 1.. hand their partial sums to set 0 through the stages (free once every warp is past
