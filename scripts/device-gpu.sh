@@ -231,13 +231,21 @@ if named ab; then
   t0=$(secs)
   rm -f "$OUT"/ab_rc_*
   # (Another commit's base gets a tree of its own: a CMake tree stays tied to its sources.)
+  # (With AB_ENV alone both sides are this checkout's default tree, built once.)
   ab_tree() {
-    if [ "$1" = ab ]; then echo "$BUILD-ab"; elif [ -n "${AB_BASE_SRC:-}" ]; then echo "$BUILD-ref"; else echo "$BUILD"; fi
+    if [ "$1" = ab ]; then
+      if [ -n "${AB_FLAGS:-}" ]; then echo "$BUILD-ab"; else echo "$BUILD"; fi
+    elif [ -n "${AB_BASE_SRC:-}" ]; then echo "$BUILD-ref"; else echo "$BUILD"; fi
   }
   # A tree of another commit's sources is built afresh: the copy to this machine need not keep
   # the files' times, and a tree left by an earlier call may hold another commit.
   [ -z "${AB_BASE_SRC:-}" ] || rm -rf "$(ab_tree base)"
   for v in base ab; do
+    if [ "$v" = ab ] && [ "$(ab_tree ab)" = "$(ab_tree base)" ]; then
+      wait
+      cp "$OUT/ab_rc_base" "$OUT/ab_rc_ab"
+      continue
+    fi
     flags=""
     [ "$v" = ab ] && flags=${AB_FLAGS:-}
     src=.

@@ -122,11 +122,13 @@ struct GemmCall {
   const float* up_bias = nullptr;
 };
 
-// A chunk's GEMM config (both GEMMs) and its routing tile (tokens per tile).
+// A chunk's GEMM configs (FC1's and FC2's, the same unless forced apart) and its routing tile
+// (tokens per tile).
 struct GemmChoice {
   int config = 0;
+  int config_fc2 = 0;
   int tile_tokens = 1;
-  const char* name = "";
+  std::string name;  // "n8c2", or "n8c2/n8c4" for two configs
 };
 
 class KernelPath {
@@ -179,7 +181,9 @@ class Sm90Path final : public KernelPath {
   size_t HBytes(int64_t pairs) const override { return pairs * HStride() * 2; }
   GemmChoice Choose(const cuda::LaunchChoice& launch) const override {
     const cuda::GemmConfigInfo info = cuda::GemmInfo(launch.gemm);
-    return {static_cast<int>(launch.gemm), info.block_n, info.name};
+    std::string name = info.name;
+    if (launch.gemm_fc2 != launch.gemm) name += std::string("/") + cuda::GemmInfo(launch.gemm_fc2).name;
+    return {static_cast<int>(launch.gemm), static_cast<int>(launch.gemm_fc2), info.block_n, name};
   }
   void SetQuantOutput(const GemmCall& call, cuda::PrepareParams* pp) const override {
     pp->xq = reinterpret_cast<uint16_t*>(call.xq);
@@ -237,7 +241,8 @@ class Sm90Path final : public KernelPath {
     g2.b_stride = g.h_stride;
     g2.b_rows = call.chunk_tokens * call.top_k;
     g2.m_tiles = m_tiles2;
-    return CudaCheck(cuda::LaunchGemm(id, false, g2, m_tiles2 * call.max_tiles, stream),
+    return CudaCheck(cuda::LaunchGemm(static_cast<cuda::GemmConfigId>(choice.config_fc2), false, g2,
+                                      m_tiles2 * call.max_tiles, stream),
                      std::string("FC2 grouped GEMM (") + choice.name + ")");
   }
   void SetReferenceWeights(cuda::ReferenceParams* p) const override {
@@ -288,7 +293,7 @@ class Sm120Path final : public KernelPath {
   GemmChoice Choose(const cuda::LaunchChoice& launch) const override {
     const cuda::sm120::GemmConfigId id = cuda::sm120::ChooseGemmConfig(launch.pairs_per_expert);
     const cuda::sm120::GemmConfigInfo info = cuda::sm120::GemmInfo(id);
-    return {static_cast<int>(id), info.block_m, info.name};
+    return {static_cast<int>(id), static_cast<int>(id), info.block_m, info.name};
   }
   void SetQuantOutput(const GemmCall& call, cuda::PrepareParams* pp) const override {
     pp->xq_codes = call.xq;
@@ -778,6 +783,7 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
     rp.tile_offsets = tile_offsets;
     rp.tiles = tiles;
     rp.num_tiles = num_tiles;
+    rp.warp_max = cuda::WarpRouteEnabled() ? cuda::kWarpRoutePairs : 0;
     // Tiles <= pairs / tile + one partial tile per touched expert.
     call.max_tiles = std::min(pairs, (pairs + gemm.tile_tokens - 1) / gemm.tile_tokens + std::min(n_local, pairs));
     if (fused_routing) {

@@ -19,21 +19,37 @@ bool DebugHeuristics() {
   return on;
 }
 
-// MXMOE_GEMM_CONFIG=<a config's GemmInfo name> forces it (for measuring configs against each other).
-std::atomic<int>& ForcedConfig() {
-  static std::atomic<int> forced{[] {
+// The config named by the `len` characters at `name` (-1 for none).
+int ConfigNamed(const char* name, size_t len) {
+  for (int id = 0; id < kNumGemmConfigs; ++id) {
+    const char* n = GemmInfo(static_cast<GemmConfigId>(id)).name;
+    if (std::strlen(n) == len && std::strncmp(name, n, len) == 0) return id;
+  }
+  return -1;
+}
+
+// MXMOE_GEMM_CONFIG=<a config's GemmInfo name> forces it (for measuring configs against each other);
+// <FC1's>/<FC2's> forces one for each GEMM. Entry 0 is FC1's (and FC2's when entry 1 is -1).
+std::atomic<int>* ForcedConfigs() {
+  static std::atomic<int> forced[2] = {-1, -1};
+  static const bool from_env = [] {
     const char* v = std::getenv("MXMOE_GEMM_CONFIG");
-    if (v == nullptr) return -1;
-    for (int id = 0; id < kNumGemmConfigs; ++id)
-      if (std::strcmp(v, GemmInfo(static_cast<GemmConfigId>(id)).name) == 0) return id;
-    return -1;
-  }()};
+    if (v == nullptr) return false;
+    const char* slash = std::strchr(v, '/');
+    forced[0] = ConfigNamed(v, slash != nullptr ? static_cast<size_t>(slash - v) : std::strlen(v));
+    if (slash != nullptr) forced[1] = ConfigNamed(slash + 1, std::strlen(slash + 1));
+    return true;
+  }();
+  (void)from_env;
   return forced;
 }
 
 }  // namespace
 
-void ForceGemmConfig(int config) { ForcedConfig().store(config, std::memory_order_relaxed); }
+void ForceGemmConfig(int config, int fc2_config) {
+  ForcedConfigs()[0].store(config, std::memory_order_relaxed);
+  ForcedConfigs()[1].store(fc2_config, std::memory_order_relaxed);
+}
 
 LaunchChoice ChooseLaunch(const LayerDims& dims, int64_t num_tokens, int64_t max_chunk) {
   LaunchChoice c;
@@ -102,17 +118,23 @@ LaunchChoice ChooseLaunch(const LayerDims& dims, int64_t num_tokens, int64_t max
     c.gemm = fewest_ctas ? GemmConfigId::kN8c4 : few_ctas ? GemmConfigId::kN8c2 : GemmConfigId::kN8;
   else if (c.pairs_per_expert < 32.0) c.gemm = GemmConfigId::kN32;
   else c.gemm = GemmConfigId::kWg128d3x3;
-  const int forced = ForcedConfig().load(std::memory_order_relaxed);
+  const int forced = ForcedConfigs()[0].load(std::memory_order_relaxed);
   if (forced >= 0 && forced < kNumGemmConfigs) c.gemm = static_cast<GemmConfigId>(forced);
+  c.gemm_fc2 = c.gemm;
+  const int forced_fc2 = ForcedConfigs()[1].load(std::memory_order_relaxed);
+  if (forced_fc2 >= 0 && forced_fc2 < kNumGemmConfigs &&
+      GemmInfo(static_cast<GemmConfigId>(forced_fc2)).block_n == GemmInfo(c.gemm).block_n)
+    c.gemm_fc2 = static_cast<GemmConfigId>(forced_fc2);
 
   if (DebugHeuristics()) {
     const GemmConfigInfo info = GemmInfo(c.gemm);
     std::fprintf(stderr,
                  "mxmoe heuristics: T=%lld -> %lld chunk(s) of <= %lld tokens; ~%.1f pairs per "
-                 "touched expert -> %s (BLOCK_M %d, BLOCK_N %d, %d threads, %d stages, %d B smem)\n",
+                 "touched expert -> %s (BLOCK_M %d, BLOCK_N %d, %d threads, %d stages, %d B smem)%s%s\n",
                  static_cast<long long>(num_tokens), static_cast<long long>(c.num_chunks),
                  static_cast<long long>(c.chunk_tokens), c.pairs_per_expert, info.name, info.block_m,
-                 info.block_n, info.threads, info.stages, info.smem_bytes);
+                 info.block_n, info.threads, info.stages, info.smem_bytes, c.gemm_fc2 != c.gemm ? ", FC2 " : "",
+                 c.gemm_fc2 != c.gemm ? GemmInfo(c.gemm_fc2).name : "");
   }
   return c;
 }

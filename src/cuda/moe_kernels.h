@@ -100,7 +100,15 @@ struct RouteSmallParams {
   int32_t* tile_offsets = nullptr;  // [num_local + 1]
   int2* tiles = nullptr;
   int32_t* num_tiles = nullptr;  // [2], as LaunchOffsetsAndTiles
+  // LaunchPrepareAndRoute: up to this many pairs (at most kWarpRoutePairs) one warp routes, without
+  // the block's sort and barriers (0: never).
+  int32_t warp_max = 0;
 };
+inline constexpr int32_t kWarpRoutePairs = 32;
+// Whether small calls route in one warp (rp.warp_max = kWarpRoutePairs): MXMOE_WARP_ROUTE=1 at start,
+// off by default until measured (perf-log v16); SetWarpRoute for the tests.
+void SetWarpRoute(bool on);
+bool WarpRouteEnabled();
 cudaError_t LaunchRouteSmall(const RouteSmallParams& p, cudaStream_t stream);
 // Up to kFusedRoutePairs pairs (decode): LaunchPrepare's quantization (not its keys: p.keys and
 // p.pair_ids are not written) and LaunchRouteSmall in one launch, the keys computed from

@@ -3,6 +3,7 @@
 // the deterministic combine. Everything stays on the device: no host synchronization.
 #include <cub/cub.cuh>
 
+#include <atomic>
 #include <cstdint>
 
 #include "cuda/launch_util.cuh"
@@ -246,6 +247,54 @@ __device__ void RouteSmallOfCta(const RouteSmallParams& p, KeyAt key_at) {
                                     p.tiles, p.num_tiles, storage.scan, carry);
 }
 
+// The fewest pairs (p.n <= 32: Kimi-K3's one or two tokens) in one warp, without a barrier: the
+// same outputs as RouteSmallOfCta. A bitonic sort of (key, pair) over the lanes (pair = the lane:
+// the composite keys are distinct, so the order is the stable one), a tile starts every
+// p.block_n positions of an expert's run (__match_any_sync gives the run), and each lane finds
+// offsets[e] and tile_offsets[e] for 32 experts at a time by a binary search over the lanes.
+// Every lane of the warp calls it.
+
+template <class KeyAt>
+__device__ void RouteWarp(const RouteSmallParams& p, KeyAt key_at) {
+  constexpr unsigned kAll = 0xFFFFFFFFu;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  // Past n: the largest key, after every real pair (the lane breaks the tie).
+  const uint32_t key_in = lane < p.n ? static_cast<uint32_t>(key_at(lane)) : static_cast<uint32_t>(p.num_local);
+  uint64_t v = (static_cast<uint64_t>(key_in) << 32) | static_cast<uint32_t>(lane);
+#pragma unroll
+  for (int k = 2; k <= 32; k <<= 1)
+#pragma unroll
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      const uint64_t o = __shfl_xor_sync(kAll, v, j);
+      const bool ascending = (lane & k) == 0, lower = (lane & j) == 0;
+      v = (lower == ascending) == (v < o) ? v : o;  // the lower lane of an ascending pair keeps the min
+    }
+  const int key = static_cast<int>(v >> 32);
+  if (lane < p.n) p.sorted_pairs[lane] = static_cast<int32_t>(v & 0xFFFFFFFFu);
+  const unsigned run = __match_any_sync(kAll, key);  // the positions holding this key: one run
+  const int in_run = lane - (__ffs(run) - 1);
+  const bool head = lane < p.n && key < p.num_local && in_run % p.block_n == 0;
+  const unsigned heads = __ballot_sync(kAll, head);
+  if (head) p.tiles[__popc(heads & ((1u << lane) - 1u))] = make_int2(key, in_run);
+  for (int e0 = 0; e0 <= p.num_local; e0 += 32) {
+    const int e = e0 + lane;
+    // Positions before the first key >= e (the keys are sorted over the lanes).
+    int pos = 0;
+#pragma unroll
+    for (int step = 16; step > 0; step >>= 1)
+      if (__shfl_sync(kAll, key, pos + step - 1) < e) pos += step;
+    if (__shfl_sync(kAll, key, pos & 31) < e) pos = 32;  // (only when pos == 31: every key is < e)
+    if (e <= p.num_local) {
+      p.offsets[e] = pos;
+      p.tile_offsets[e] = __popc(pos == 32 ? heads : heads & ((1u << pos) - 1u));
+    }
+  }
+  if (lane == 0) {
+    p.num_tiles[0] = __popc(heads);
+    p.num_tiles[1] = 0;  // the persistent FC1 kernel's work counter (GemmParams::work_counter)
+  }
+}
+
 template <int kCtaThreads, int kItems>
 __global__ void __launch_bounds__(kCtaThreads) RouteSmallKernel(const RouteSmallParams p) {
   ptx::EnterPipelineKernel();
@@ -254,7 +303,8 @@ __global__ void __launch_bounds__(kCtaThreads) RouteSmallKernel(const RouteSmall
 
 // The smallest calls (at most kThreads pairs) in one launch: blocks before the last quantize x as
 // PrepareKernel's quantization blocks; the last block counts the bad ids and routes, with the keys
-// taken from the ids themselves (none are written), as RouteSmallKernel<kThreads, 1>.
+// taken from the ids themselves (none are written), as RouteSmallKernel<kThreads, 1>, or for at
+// most kWarpRoutePairs pairs in its first warp (RouteWarp).
 __global__ void __launch_bounds__(kThreads)
     PrepareAndRouteKernel(const PrepareParams p, int64_t quant_threads, const RouteSmallParams rp) {
   ptx::EnterPipelineKernel();
@@ -265,7 +315,12 @@ __global__ void __launch_bounds__(kThreads)
   }
   const int32_t id = static_cast<int>(threadIdx.x) < rp.n ? p.topk_ids[threadIdx.x] : -1;
   if (p.bad_ids != nullptr) CountBadIdsOfBlock(IsBadId(id, p.num_experts), p.bad_ids);
-  RouteSmallOfCta<kThreads, 1>(rp, [&](int pair) { return KeyOfId(p, p.topk_ids[pair]); });
+  const auto key_at = [&](int pair) { return KeyOfId(p, p.topk_ids[pair]); };
+  if (rp.n <= rp.warp_max) {  // (uniform over the block)
+    if (threadIdx.x < 32) RouteWarp(rp, key_at);
+    return;
+  }
+  RouteSmallOfCta<kThreads, 1>(rp, key_at);
 }
 
 // Up to kCombineBatch of a token's rows are loaded before any is added, so that many loads are in
@@ -316,6 +371,16 @@ int64_t Blocks(int64_t threads) { return (threads + kThreads - 1) / kThreads; }
 
 }  // namespace
 
+namespace {
+std::atomic<bool>& WarpRoute() {
+  static std::atomic<bool> on{EnvFlagIs("MXMOE_WARP_ROUTE", "1")};
+  return on;
+}
+}  // namespace
+
+void SetWarpRoute(bool on) { WarpRoute().store(on, std::memory_order_relaxed); }
+bool WarpRouteEnabled() { return WarpRoute().load(std::memory_order_relaxed); }
+
 cudaError_t LaunchPrepare(const PrepareParams& p, cudaStream_t stream) {
   const int64_t quant = p.num_tokens * (p.hidden / kMxBlock);
   const int64_t blocks = Blocks(quant) + Blocks(p.num_tokens * p.top_k);
@@ -326,7 +391,8 @@ cudaError_t LaunchPrepare(const PrepareParams& p, cudaStream_t stream) {
 }
 
 cudaError_t LaunchPrepareAndRoute(const PrepareParams& p, const RouteSmallParams& rp, cudaStream_t stream) {
-  if (rp.n < 0 || rp.n > kFusedRoutePairs || rp.n != p.num_tokens * p.top_k || rp.key_bits < 1 || rp.key_bits > 32)
+  if (rp.n < 0 || rp.n > kFusedRoutePairs || rp.n != p.num_tokens * p.top_k || rp.key_bits < 1 || rp.key_bits > 32 ||
+      rp.warp_max < 0 || rp.warp_max > kWarpRoutePairs)
     return cudaErrorInvalidValue;
   static_assert(kFusedRoutePairs == kThreads, "one slot per thread of the routing block");
   const int64_t quant_blocks = Blocks(p.num_tokens * (p.hidden / kMxBlock));

@@ -12,6 +12,7 @@
 #include "common/compare.h"
 #include "common/moe_run.h"
 #include "common/random.h"
+#include "cuda/moe_kernels.h"
 #include "cuda/weight_layout.h"
 #include "gpu/gpu_harness.h"
 #include "gpu/tolerance.h"
@@ -163,20 +164,31 @@ TEST(CudaMoeSmall, AllKindsPatternsAndTokenCountsMatchReference) {
 }
 
 // 256 pairs are the most that quantize and route in one launch (kFusedRoutePairs); 260 take the
-// two-launch path. Both sides of the boundary, with -1 slots among them.
+// two-launch path. With the warp routing on (SetWarpRoute), up to 32 pairs one warp routes
+// (RouteWarp) and 36 take the block's sort. Both sides of each boundary, with -1 slots among them,
+// with the warp routing off and on.
 TEST(CudaMoeSmall, FusedRoutingBoundaryMatchesReference) {
   MXMOE_REQUIRE_SM90();
+  struct WarpRoute {
+    const bool before = cuda::WarpRouteEnabled();
+    explicit WarpRoute(bool on) { cuda::SetWarpRoute(on); }
+    ~WarpRoute() { cuda::SetWarpRoute(before); }
+  };
   const LayerShape s{16, 256, 160, 4};
   ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 61);
   auto moe = MakeCudaMoe(set);
   ASSERT_TRUE(moe);
   uint64_t seed = 62;
   for (RoutingPattern pat : {RoutingPattern::kUniform, RoutingPattern::kWithInvalid}) {
-    for (int64_t t : {64, 65}) {
-      SCOPED_TRACE(std::string(RoutingPatternName(pat)) + " T=" + std::to_string(t));
+    for (int64_t t : {1, 8, 9, 64, 65}) {
       const SyntheticInput in = Input(s, t, pat, ++seed);
+      const auto want = CpuF32(set, in, false);
       DeviceCase dc(*moe, in);
-      EXPECT_TRUE(MoeCloseF32(dc.RunF32(), CpuF32(set, in, false), {t, s.hidden}, s.top_k * s.intermediate));
+      for (bool warp : {false, true}) {
+        SCOPED_TRACE(std::string(RoutingPatternName(pat)) + " T=" + std::to_string(t) + (warp ? " warp" : " block"));
+        const WarpRoute route(warp);
+        EXPECT_TRUE(MoeCloseF32(dc.RunF32(), want, {t, s.hidden}, s.top_k * s.intermediate));
+      }
     }
   }
 }

@@ -6,6 +6,7 @@
 
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/compare.h"
@@ -22,7 +23,7 @@ namespace {
 
 // Restores the heuristics when a test ends, pass or fail.
 struct ForcedConfig {
-  explicit ForcedConfig(int id) { cuda::ForceGemmConfig(id); }
+  explicit ForcedConfig(int id, int fc2_id = -1) { cuda::ForceGemmConfig(id, fc2_id); }
   ~ForcedConfig() { cuda::ForceGemmConfig(-1); }
 };
 
@@ -136,6 +137,60 @@ TEST(CudaHeuristics, NarrowTileBelowSixPairsPerExpert) {
     const cuda::LaunchChoice got = cuda::ChooseLaunch(c.dims, c.tokens, int64_t{1} << 20);
     EXPECT_EQ(cuda::GemmInfo(got.gemm).name, std::string(cuda::GemmInfo(c.want).name))
         << c.shape << " T = " << c.tokens << " (~" << got.pairs_per_expert << " pairs per expert)";
+  }
+}
+
+// FC2 on a config of its own (MXMOE_GEMM_CONFIG=<FC1>/<FC2>, for measuring the GEMMs' configs
+// apart): taken only with FC1's BLOCK_N, since both GEMMs run the routing's tiles. Host code only.
+TEST(CudaHeuristics, Fc2ConfigForcedApartKeepsTheTileWidth) {
+  using cuda::GemmConfigId;
+  const cuda::LayerDims kimi{3584, 3072, 16, 896, 896};
+  const auto choose = [&](int fc1, int fc2, int64_t tokens) {
+    const ForcedConfig forced(fc1, fc2);
+    return cuda::ChooseLaunch(kimi, tokens, int64_t{1} << 20);
+  };
+  const auto id = [](GemmConfigId c) { return static_cast<int>(c); };
+  cuda::LaunchChoice c = choose(id(GemmConfigId::kN8c2), id(GemmConfigId::kN8c4), 1);
+  EXPECT_EQ(c.gemm, GemmConfigId::kN8c2);
+  EXPECT_EQ(c.gemm_fc2, GemmConfigId::kN8c4);
+  c = choose(-1, id(GemmConfigId::kN8c4), 1);  // the heuristics' FC1 (n8c2), FC2 forced
+  EXPECT_EQ(c.gemm, GemmConfigId::kN8c2);
+  EXPECT_EQ(c.gemm_fc2, GemmConfigId::kN8c4);
+  c = choose(id(GemmConfigId::kN8), id(GemmConfigId::kN32), 1);  // BLOCK_N 8 against 32: refused
+  EXPECT_EQ(c.gemm, GemmConfigId::kN8);
+  EXPECT_EQ(c.gemm_fc2, GemmConfigId::kN8);
+  c = choose(-1, -1, 4096);
+  EXPECT_EQ(c.gemm_fc2, c.gemm);
+}
+
+// The same pairs of configs run: FC2 on another config than FC1 (same BLOCK_N) against the CPU
+// reference, the plan naming both.
+TEST(CudaGemmConfigs, Fc2OnAConfigOfItsOwnMatchesReference) {
+  MXMOE_REQUIRE_SM90();
+  using cuda::GemmConfigId;
+  const std::pair<GemmConfigId, GemmConfigId> pairs[] = {
+      {GemmConfigId::kN8c2, GemmConfigId::kN8c4}, {GemmConfigId::kN8, GemmConfigId::kN8c2},
+      {GemmConfigId::kN8c4, GemmConfigId::kN8k2}, {GemmConfigId::kN64, GemmConfigId::kWg64},
+      {GemmConfigId::kWg128d3x3, GemmConfigId::kWg128d8}};
+  uint64_t seed = 1800;
+  const LayerShape s{8, 192, 160, 4};
+  ExpertSet set = SyntheticSet(s, SpecFor(ActivationType::Situ, s.num_experts), ++seed, {}, false);
+  auto moe = MakeCudaMoe(set);
+  ASSERT_TRUE(moe);
+  for (int64_t t : {1, 37, 300}) {
+    for (RoutingPattern pat : {RoutingPattern::kUniform, RoutingPattern::kWithInvalid}) {
+      SyntheticInput in;
+      MakeSyntheticInput(s, t, pat, ++seed, &in);
+      const auto ref = ReferenceF32(set, InputOf(in));
+      DeviceCase dc(*moe, in);
+      for (const auto& [fc1, fc2] : pairs) {
+        const ForcedConfig forced(static_cast<int>(fc1), static_cast<int>(fc2));
+        const std::string name = std::string(cuda::GemmInfo(fc1).name) + "/" + cuda::GemmInfo(fc2).name;
+        SCOPED_TRACE(name + " " + RoutingPatternName(pat) + " T=" + std::to_string(t));
+        EXPECT_EQ(moe->Plan(t), name);
+        EXPECT_TRUE(MoeCloseF32(dc.RunF32(), ref, {t, s.hidden}, s.top_k * s.intermediate));
+      }
+    }
   }
 }
 
