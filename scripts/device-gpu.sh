@@ -218,57 +218,98 @@ fi
 # Not part of `all`: `AB_FLAGS=-DSOME_MACRO scripts/device-gpu.sh ab`. An A/B of a
 # compile-time variant in one session: $BUILD as the build stage makes it and $BUILD-ab with
 # AB_FLAGS added, side by side; AB_FILTER's GPU tests on the variant (default: every GEMM config and
-# the small shapes against the CPU reference); then the layers AB_SHAPES (default kimi-k3; a list as
-# `mxmoe bench --shapes` takes) at AB_TOKENS (default 1, 1024, 4096) in the order base, variant,
-# variant, base, every row checked against the unfused GPU
-# reference first (perf-log v11.2). AB_BASE_SRC=DIR builds the base from the sources in DIR
-# instead (another commit: `scripts/ab-ref.sh REF` exports one into .ab_ref, which the device
-# call then carries); AB_ENV="VAR=value ..." is the variant rows' environment (split at spaces; no
-# glob characters).
+# the small shapes against the CPU reference; '-*' for none); then the layers AB_SHAPES (default
+# kimi-k3; a list as `mxmoe bench --shapes` takes) at AB_TOKENS (default 1, 1024, 4096) in the order
+# base, variant, variant, base, every row checked against the unfused GPU reference first (perf-log
+# v11.2). AB_BASE_SRC=DIR builds the base from the sources in DIR instead (another commit:
+# `scripts/ab-ref.sh REF` exports one into .ab_ref, which the device call then carries);
+# AB_ENV="VAR=value ..." is the variant rows' environment (split at spaces; no glob characters). With
+# AB_ENV alone the variant runs on the base's tree, built once.
+# Several variants in one call: AB_VARIANTS="NAME[:flags=F,F...][:env=V=x,V=y...] ...", e.g.
+# AB_VARIANTS="mux:flags=-DMXMOE_KB_MUX=1 warp:env=MXMOE_WARP_ROUTE=1" (commas stand for spaces
+# within a field). Each variant with flags gets a tree of its own (built beside the base); the
+# tests run on each variant; the rows go base, v1 .. vn, vn .. v1, base.
 if named ab; then
-  [ -n "${AB_FLAGS:-}${AB_BASE_SRC:-}${AB_ENV:-}" ] || { note "ab: set AB_FLAGS, AB_BASE_SRC or AB_ENV"; exit 1; }
+  [ -n "${AB_FLAGS:-}${AB_BASE_SRC:-}${AB_ENV:-}${AB_VARIANTS:-}" ] ||
+    { note "ab: set AB_FLAGS, AB_ENV, AB_VARIANTS or AB_BASE_SRC"; exit 1; }
   [ -z "${AB_BASE_SRC:-}" ] || [ -f "$AB_BASE_SRC/CMakeLists.txt" ] || { note "ab: no sources in $AB_BASE_SRC"; exit 1; }
   t0=$(secs)
   rm -f "$OUT"/ab_rc_*
-  # (Another commit's base gets a tree of its own: a CMake tree stays tied to its sources.)
-  # (With AB_ENV alone both sides are this checkout's default tree, built once.)
-  ab_tree() {
-    if [ "$1" = ab ]; then
-      if [ -n "${AB_FLAGS:-}" ]; then echo "$BUILD-ab"; else echo "$BUILD"; fi
-    elif [ -n "${AB_BASE_SRC:-}" ]; then echo "$BUILD-ref"; else echo "$BUILD"; fi
-  }
+  names=() vflags=() venvs=()
+  if [ -n "${AB_VARIANTS:-}" ]; then
+    for spec in $AB_VARIANTS; do
+      name=${spec%%:*} f="" e=""
+      IFS=: read -ra fields <<<"${spec#"$name"}"
+      for field in "${fields[@]}"; do
+        case "$field" in
+          flags=*) f=${field#flags=} ;;
+          env=*) e=${field#env=} ;;
+          "") ;;
+          *) note "ab: variant $name: unknown field '$field'"; exit 1 ;;
+        esac
+      done
+      names+=("$name") vflags+=("${f//,/ }") venvs+=("${e//,/ }")
+    done
+  else
+    names=(ab) vflags=("${AB_FLAGS:-}") venvs=("${AB_ENV:-}")
+  fi
+  # Trees: the base's ($BUILD, or $BUILD-ref for another commit's sources: a CMake tree stays tied to
+  # its sources); a variant with flags its own ($BUILD-ab for the one of AB_FLAGS); one without,
+  # this checkout's default tree.
+  base_tree=$BUILD
+  [ -z "${AB_BASE_SRC:-}" ] || base_tree=$BUILD-ref
+  vtrees=()
+  for i in "${!names[@]}"; do
+    if [ -z "${vflags[$i]}" ]; then vtrees+=("$BUILD")
+    elif [ -z "${AB_VARIANTS:-}" ]; then vtrees+=("$BUILD-ab")
+    else vtrees+=("$BUILD-ab-${names[$i]}"); fi
+  done
   # A tree of another commit's sources is built afresh: the copy to this machine need not keep
   # the files' times, and a tree left by an earlier call may hold another commit.
-  [ -z "${AB_BASE_SRC:-}" ] || rm -rf "$(ab_tree base)"
-  for v in base ab; do
-    if [ "$v" = ab ] && [ "$(ab_tree ab)" = "$(ab_tree base)" ]; then
-      wait
-      cp "$OUT/ab_rc_base" "$OUT/ab_rc_ab"
-      continue
-    fi
-    flags=""
-    [ "$v" = ab ] && flags=${AB_FLAGS:-}
-    src=.
-    [ "$v" = base ] && src=${AB_BASE_SRC:-.}
-    ( configure_sm90 "$(ab_tree $v)" "$OUT/ab_configure_$v.log" "$flags" "$src" \
-      && cmake --build "$(ab_tree $v)" -j8 --target mxmoe_gpu_tests mxmoe_cli >"$OUT/ab_build_$v.log" 2>&1
-      echo $? >"$OUT/ab_rc_$v" ) &
+  [ -z "${AB_BASE_SRC:-}" ] || rm -rf "$base_tree"
+  # Each distinct tree once, all at the same time: "tree|flags|sources".
+  builds=("$base_tree||${AB_BASE_SRC:-.}")
+  for i in "${!names[@]}"; do
+    dup=0
+    for b in "${builds[@]}"; do [ "${b%%|*}" = "${vtrees[$i]}" ] && dup=1; done
+    [ "$dup" = 1 ] || builds+=("${vtrees[$i]}|${vflags[$i]}|.")
+  done
+  jobs=$(( 16 / ${#builds[@]} ))
+  [ "$jobs" -ge 2 ] || jobs=2
+  for b in "${builds[@]}"; do
+    IFS='|' read -r tree flags src <<<"$b"
+    tag=$(basename "$tree")
+    ( configure_sm90 "$tree" "$OUT/ab_configure_$tag.log" "$flags" "$src" \
+      && cmake --build "$tree" -j"$jobs" --target mxmoe_gpu_tests mxmoe_cli >"$OUT/ab_build_$tag.log" 2>&1
+      echo $? >"$OUT/ab_rc_$tag" ) &
   done
   wait
-  note "ab builds: base (${AB_BASE_SRC:-this checkout}) rc=$(cat "$OUT/ab_rc_base"), variant (${AB_FLAGS:-no flags}; ${AB_ENV:-no env}) rc=$(cat "$OUT/ab_rc_ab"), in $(( $(secs) - t0 )) s"
+  failed=0
+  for b in "${builds[@]}"; do
+    tree=${b%%|*} tag=$(basename "${b%%|*}")
+    note "ab build $tree (flags: $(echo "$b" | cut -d'|' -f2); sources: ${b##*|}): rc=$(cat "$OUT/ab_rc_$tag")"
+    [ "$(cat "$OUT/ab_rc_$tag")" = 0 ] || failed=1
+  done
+  note "ab builds: $(( $(secs) - t0 )) s"
   # Binaries of an earlier call stay on the machine: a failed build must not be measured.
-  [ "$(cat "$OUT/ab_rc_base")" = 0 ] && [ "$(cat "$OUT/ab_rc_ab")" = 0 ] || { note "ab: a build failed"; exit 1; }
-  watched 200 "$OUT/ab_tests.log" env ${AB_ENV:-} "$(ab_tree ab)/bin/mxmoe_gpu_tests" \
-    --gtest_filter="${AB_FILTER:-CudaGemmConfigs.EveryConfigMatchesReference:CudaMoeSmall.*}"
-  note "ab tests (variant): rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]+ test' "$OUT/ab_tests.log" | tr '\n' ' ')"
-  for v in base ab ab base; do
-    env_v=""
-    [ "$v" = ab ] && env_v=${AB_ENV:-}
-    timeout 90 env $env_v "$(ab_tree $v)/bin/mxmoe" bench --shapes "${AB_SHAPES:-kimi-k3}" --routing uniform \
+  [ "$failed" = 0 ] || { note "ab: a build failed"; exit 1; }
+  for i in "${!names[@]}"; do
+    [ "${AB_FILTER:-}" = "-*" ] && break
+    watched 200 "$OUT/ab_tests_${names[$i]}.log" env ${venvs[$i]} "${vtrees[$i]}/bin/mxmoe_gpu_tests" \
+      --gtest_filter="${AB_FILTER:-CudaGemmConfigs.EveryConfigMatchesReference:CudaMoeSmall.*}"
+    note "ab tests (${names[$i]}): rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]+ test' "$OUT/ab_tests_${names[$i]}.log" | tr '\n' ' ')"
+  done
+  order=(-1 "${!names[@]}")
+  for (( i = ${#names[@]} - 1; i >= 0; --i )); do order+=("$i"); done
+  order+=(-1)
+  for i in "${order[@]}"; do
+    if [ "$i" = -1 ]; then tag=base tree=$base_tree env_v=""
+    else tag=${names[$i]} tree=${vtrees[$i]} env_v=${venvs[$i]}; fi
+    timeout 90 env $env_v "$tree/bin/mxmoe" bench --shapes "${AB_SHAPES:-kimi-k3}" --routing uniform \
       --tokens "${AB_TOKENS:-1,1024,4096}" --check-tokens 32 >"$OUT/ab_bench.log" 2>&1
     rc=$?
-    grep -E "^(kimi-k3|gpt-oss-120b|deepseek-v3) |FAIL" "$OUT/ab_bench.log" | sed "s/^/$v: /" | tee -a "$SUMMARY" >/dev/null
-    [ "$rc" = 0 ] || note "$v: mxmoe bench rc=$rc"
+    grep -E "^(kimi-k3|gpt-oss-120b|deepseek-v3) |FAIL" "$OUT/ab_bench.log" | sed "s/^/$tag: /" | tee -a "$SUMMARY" >/dev/null
+    [ "$rc" = 0 ] || note "$tag: mxmoe bench rc=$rc"
   done
 fi
 

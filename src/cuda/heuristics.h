@@ -30,7 +30,8 @@ LaunchChoice ChooseLaunch(const LayerDims& dims, int64_t num_tokens, int64_t max
 // Makes every later ChooseLaunch pick `config` (-1: back to the heuristics), for the tests and the
 // benchmark that compare configs, and for FC2 `fc2_config` instead (-1: the same as FC1), which is
 // taken only where its BLOCK_N is FC1's (the two GEMMs share the routing's tiles). Process-wide;
-// MXMOE_GEMM_CONFIG=<name> or <FC1 name>/<FC2 name> sets them at start.
+// MXMOE_GEMM_CONFIG=<name> or <FC1 name>/<FC2 name> sets them at start (an empty FC1 name: the
+// heuristics' FC1, with the FC2 given).
 void ForceGemmConfig(int config, int fc2_config = -1);
 
 }  // namespace mxmoe::cuda
