@@ -23,6 +23,8 @@ if [ -z "$dump" ]; then
   if [ "${shm_free:-0}" -gt 40000000000 ] 2>/dev/null; then dump=/dev/shm/mxmoe-bench-dump; else dump="$out/dump"; fi
 fi
 rm -rf "$dump"
+# (A peer that does not run this time must not leave an earlier run's rows to the report.)
+rm -f "$out"/torch.csv "$out"/torch.log "$out"/triton.csv "$out"/triton.log
 start=$(date +%s)
 lap() { echo "== $1 done at $(( $(date +%s) - start )) s"; }
 

@@ -228,7 +228,8 @@ fi
 # Several variants in one call: AB_VARIANTS="NAME[:flags=F,F...][:env=V=x,V=y...] ...", e.g.
 # AB_VARIANTS="mux:flags=-DMXMOE_KB_MUX=1 warp:env=MXMOE_WARP_ROUTE=1" (commas stand for spaces
 # within a field). Each variant with flags gets a tree of its own (built beside the base); the
-# tests run on each variant; the rows go base, v1 .. vn, vn .. v1, base.
+# tests run on each variant; the rows go base, v1 .. vn, vn .. v1, base. AB_ROW_TIMEOUT (default
+# 150 s) bounds each row's `mxmoe bench`.
 if named ab; then
   [ -n "${AB_FLAGS:-}${AB_BASE_SRC:-}${AB_ENV:-}${AB_VARIANTS:-}" ] ||
     { note "ab: set AB_FLAGS, AB_ENV, AB_VARIANTS or AB_BASE_SRC"; exit 1; }
@@ -237,6 +238,8 @@ if named ab; then
   rm -f "$OUT"/ab_rc_*
   names=() vflags=() venvs=()
   if [ -n "${AB_VARIANTS:-}" ]; then
+    [ -z "${AB_FLAGS:-}${AB_ENV:-}" ] || { note "ab: AB_VARIANTS replaces AB_FLAGS and AB_ENV: set one of them"; exit 1; }
+    set -f  # (no globbing of the specs' flags)
     for spec in $AB_VARIANTS; do
       name=${spec%%:*} f="" e=""
       IFS=: read -ra fields <<<"${spec#"$name"}"
@@ -248,8 +251,10 @@ if named ab; then
           *) note "ab: variant $name: unknown field '$field'"; exit 1 ;;
         esac
       done
+      [ "$name" != base ] || { note "ab: 'base' is the base's name, not a variant's"; exit 1; }
       names+=("$name") vflags+=("${f//,/ }") venvs+=("${e//,/ }")
     done
+    set +f
   else
     names=(ab) vflags=("${AB_FLAGS:-}") venvs=("${AB_ENV:-}")
   fi
@@ -305,7 +310,7 @@ if named ab; then
   for i in "${order[@]}"; do
     if [ "$i" = -1 ]; then tag=base tree=$base_tree env_v=""
     else tag=${names[$i]} tree=${vtrees[$i]} env_v=${venvs[$i]}; fi
-    timeout 90 env $env_v "$tree/bin/mxmoe" bench --shapes "${AB_SHAPES:-kimi-k3}" --routing uniform \
+    timeout "${AB_ROW_TIMEOUT:-150}" env $env_v "$tree/bin/mxmoe" bench --shapes "${AB_SHAPES:-kimi-k3}" --routing uniform \
       --tokens "${AB_TOKENS:-1,1024,4096}" --check-tokens 32 >"$OUT/ab_bench.log" 2>&1
     rc=$?
     grep -E "^(kimi-k3|gpt-oss-120b|deepseek-v3) |FAIL" "$OUT/ab_bench.log" | sed "s/^/$tag: /" | tee -a "$SUMMARY" >/dev/null

@@ -244,7 +244,12 @@ def run_rows(peer, args, banner, load_layer, make_call, graph=False):
                 call = make_call(layer, x, ids, weights)
                 result = call()
                 us = time_calls(call, args.warmup, args.repeats, flush)
-                graph_us = time_graph(call, args.warmup, args.repeats, flush) if graph else None
+                graph_us = None
+                if graph:
+                    try:
+                        graph_us = time_graph(call, args.warmup, args.repeats, flush)
+                    except RuntimeError as e:  # a capture that fails leaves the column blank
+                        progress(f"[{peer} {row['layer']} {row['routing']} T={row['tokens']}] no graph: {e}")
                 max_err = normwise = None
                 agrees = "no mxmoe output"
                 if row.get("output"):
@@ -255,14 +260,14 @@ def run_rows(peer, args, banner, load_layer, make_call, graph=False):
                     ok = normwise <= AGREEMENT_NORMWISE
                     agrees = "ok" if ok else f"MISMATCH (normwise > {AGREEMENT_NORMWISE})"
                     mismatches += 0 if ok else 1
-                print(f"{row['layer']:13s} {row['routing']:13s} {row['tokens']:6d} {us:10.1f}"
-                      f"{f' {graph_us:10.1f}' if graph else ''} "
+                graph_col = "" if not graph else f" {'-':>10s}" if graph_us is None else f" {graph_us:10.1f}"
+                print(f"{row['layer']:13s} {row['routing']:13s} {row['tokens']:6d} {us:10.1f}{graph_col} "
                       f"{'-' if max_err is None else f'{max_err:.3f}':>12s} "
                       f"{'-' if normwise is None else f'{normwise:.2e}':>9s}  {agrees}", flush=True)
                 out.writerow([row["layer"], row["routing"], row["tokens"], peer, f"{us:.2f}",
                               "" if max_err is None else f"{max_err:.4f}",
                               "" if normwise is None else f"{normwise:.4e}", agrees]
-                             + ([f"{graph_us:.2f}"] if graph else []))
+                             + (["" if graph_us is None else f"{graph_us:.2f}"] if graph else []))
                 out_file.flush()
                 progress(f"[{peer} {row['layer']} {row['routing']} T={row['tokens']}] {time.time() - t0:.1f} s")
             layer = call = x = result = None  # the next layer's weights need the memory

@@ -52,11 +52,12 @@ def grouped_mm_fn():
 
 
 def moe_forward(layer, x, topk_ids, topk_weights, grouped_mm):
-    """out[t] = sum_j w[t, j] * W2[e] act(W1[e] x[t], W3[e] x[t]), e = topk_ids[t, j] (-1: none)."""
+    """out[t] = sum_j w[t, j] * W2[e] act(W1[e] x[t], W3[e] x[t]), e = topk_ids[t, j] (ids outside
+    [0, E): nothing)."""
     t_count, k = topk_ids.shape
     e_count, i_dim = layer.num_experts, layer.intermediate
     ids = topk_ids.reshape(-1).long()
-    valid = ids >= 0
+    valid = (ids >= 0) & (ids < e_count)
     keys = torch.where(valid, ids, e_count)  # "no expert" pairs sort after every expert's
     order = torch.argsort(keys, stable=True)
     sorted_keys = keys[order]

@@ -36,8 +36,12 @@ std::atomic<int>* ForcedConfigs() {
     const char* v = std::getenv("MXMOE_GEMM_CONFIG");
     if (v == nullptr) return false;
     const char* slash = std::strchr(v, '/');
-    forced[0] = ConfigNamed(v, slash != nullptr ? static_cast<size_t>(slash - v) : std::strlen(v));
+    const size_t fc1_len = slash != nullptr ? static_cast<size_t>(slash - v) : std::strlen(v);
+    forced[0] = ConfigNamed(v, fc1_len);
     if (slash != nullptr) forced[1] = ConfigNamed(slash + 1, std::strlen(slash + 1));
+    // (An empty FC1 name is the heuristics' FC1 on purpose; anything else unknown is said once.)
+    if ((fc1_len > 0 && forced[0] < 0) || (slash != nullptr && forced[1] < 0))
+      std::fprintf(stderr, "mxmoe: MXMOE_GEMM_CONFIG=%s names no config (FC1 or FC2 part ignored)\n", v);
     return true;
   }();
   (void)from_env;

@@ -316,7 +316,7 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t id = static_cast<int>(threadIdx.x) < rp.n ? p.topk_ids[threadIdx.x] : -1;
   if (p.bad_ids != nullptr) CountBadIdsOfBlock(IsBadId(id, p.num_experts), p.bad_ids);
   const auto key_at = [&](int pair) { return KeyOfId(p, p.topk_ids[pair]); };
-  if (rp.n <= rp.warp_max) {  // (uniform over the block)
+  if (rp.warp_max > 0 && rp.n <= rp.warp_max) {  // (uniform over the block)
     if (threadIdx.x < 32) RouteWarp(rp, key_at);
     return;
   }

@@ -214,7 +214,7 @@ __device__ __forceinline__ void ComputeStepMux(const uint8_t* smem_a, const uint
 
 // sum[f][h] += the group's blocks of this thread's columns times their scales (2^(stored - 127),
 // the stored byte's bf16 exponent as an fp32 one; the 2^-64 comes at the end), then blk = 0 and
-// kept_s = 0 (a last group without step c then adds 0 * 1, not 0 * a NaN block's infinity).
+// kept_s = 0 (a last group without step c then adds 0 * 0, not 0 * a NaN block's infinity).
 // kept_s[f] holds the bytes (row g, block 0), (g + 8, 0), (g, 1), (g + 8, 1): accumulator
 // (h, j) = register 2 h + j of the fragment (row g + 8 h, column 2 c + j) takes byte 2 j + h.
 template <class Cfg>
