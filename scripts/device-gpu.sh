@@ -227,7 +227,8 @@ fi
 # AB_ENV alone the variant runs on the base's tree, built once.
 # Several variants in one call: AB_VARIANTS="NAME[:flags=F,F...][:env=V=x,V=y...] ...", e.g.
 # AB_VARIANTS="mux:flags=-DMXMOE_KB_MUX=1 warp:env=MXMOE_WARP_ROUTE=1" (commas stand for spaces
-# within a field). Each variant with flags gets a tree of its own (built beside the base); the
+# within a field). Each variant with flags gets a tree of its own (built beside the base; variants
+# with the same flags share one); the
 # tests run on each variant; the rows go base, v1 .. vn, vn .. v1, base. AB_ROW_TIMEOUT (default
 # 150 s) bounds each row's `mxmoe bench`.
 if named ab; then
@@ -267,7 +268,12 @@ if named ab; then
   for i in "${!names[@]}"; do
     if [ -z "${vflags[$i]}" ]; then vtrees+=("$BUILD")
     elif [ -z "${AB_VARIANTS:-}" ]; then vtrees+=("$BUILD-ab")
-    else vtrees+=("$BUILD-ab-${names[$i]}"); fi
+    else
+      # (Variants with the same flags share the first one's tree.)
+      tree="$BUILD-ab-${names[$i]}"
+      for (( j = 0; j < i; ++j )); do [ "${vflags[$j]}" = "${vflags[$i]}" ] && { tree=${vtrees[$j]}; break; }; done
+      vtrees+=("$tree")
+    fi
   done
   # A tree of another commit's sources is built afresh: the copy to this machine need not keep
   # the files' times, and a tree left by an earlier call may hold another commit.
