@@ -225,9 +225,10 @@ fi
 # `scripts/ab-ref.sh REF` exports one into .ab_ref, which the device call then carries);
 # AB_ENV="VAR=value ..." is the variant rows' environment (split at spaces; no glob characters). With
 # AB_ENV alone the variant runs on the base's tree, built once.
-# Several variants in one call: AB_VARIANTS="NAME[:flags=F,F...][:env=V=x,V=y...] ...", e.g.
-# AB_VARIANTS="mux:flags=-DMXMOE_KB_MUX=1 warp:env=MXMOE_WARP_ROUTE=1" (commas stand for spaces
-# within a field). Each variant with flags gets a tree of its own (built beside the base; variants
+# Several variants in one call: AB_VARIANTS="NAME[:flags=F,F...][:env=V=x,V=y...][:tests=T,T...] ...",
+# e.g. AB_VARIANTS="mux:flags=-DMXMOE_KB_MUX=1 warp:env=MXMOE_WARP_ROUTE=1:tests=CudaMoeSmall.*"
+# (commas stand for spaces within flags and env, for ':' between gtest patterns within tests;
+# tests=-* runs none; default AB_FILTER). Each variant with flags gets a tree of its own (built beside the base; variants
 # with the same flags share one); the
 # tests run on each variant; the rows go base, v1 .. vn, vn .. v1, base. AB_ROW_TIMEOUT (default
 # 150 s) bounds each row's `mxmoe bench`.
@@ -237,27 +238,28 @@ if named ab; then
   [ -z "${AB_BASE_SRC:-}" ] || [ -f "$AB_BASE_SRC/CMakeLists.txt" ] || { note "ab: no sources in $AB_BASE_SRC"; exit 1; }
   t0=$(secs)
   rm -f "$OUT"/ab_rc_*
-  names=() vflags=() venvs=()
+  names=() vflags=() venvs=() vtests=()
   if [ -n "${AB_VARIANTS:-}" ]; then
     [ -z "${AB_FLAGS:-}${AB_ENV:-}" ] || { note "ab: AB_VARIANTS replaces AB_FLAGS and AB_ENV: set one of them"; exit 1; }
     set -f  # (no globbing of the specs' flags)
     for spec in $AB_VARIANTS; do
-      name=${spec%%:*} f="" e=""
+      name=${spec%%:*} f="" e="" tf=${AB_FILTER:-}
       IFS=: read -ra fields <<<"${spec#"$name"}"
       for field in "${fields[@]}"; do
         case "$field" in
           flags=*) f=${field#flags=} ;;
           env=*) e=${field#env=} ;;
+          tests=*) tf=${field#tests=} ;;
           "") ;;
           *) note "ab: variant $name: unknown field '$field'"; exit 1 ;;
         esac
       done
       [ "$name" != base ] || { note "ab: 'base' is the base's name, not a variant's"; exit 1; }
-      names+=("$name") vflags+=("${f//,/ }") venvs+=("${e//,/ }")
+      names+=("$name") vflags+=("${f//,/ }") venvs+=("${e//,/ }") vtests+=("${tf//,/:}")
     done
     set +f
   else
-    names=(ab) vflags=("${AB_FLAGS:-}") venvs=("${AB_ENV:-}")
+    names=(ab) vflags=("${AB_FLAGS:-}") venvs=("${AB_ENV:-}") vtests=("${AB_FILTER:-}")
   fi
   # Trees: the base's ($BUILD, or $BUILD-ref for another commit's sources: a CMake tree stays tied to
   # its sources); a variant with flags its own ($BUILD-ab for the one of AB_FLAGS); one without,
@@ -305,9 +307,9 @@ if named ab; then
   # Binaries of an earlier call stay on the machine: a failed build must not be measured.
   [ "$failed" = 0 ] || { note "ab: a build failed"; exit 1; }
   for i in "${!names[@]}"; do
-    [ "${AB_FILTER:-}" = "-*" ] && break
+    [ "${vtests[$i]}" = "-*" ] && continue
     watched 200 "$OUT/ab_tests_${names[$i]}.log" env ${venvs[$i]} "${vtrees[$i]}/bin/mxmoe_gpu_tests" \
-      --gtest_filter="${AB_FILTER:-CudaGemmConfigs.EveryConfigMatchesReference:CudaMoeSmall.*}"
+      --gtest_filter="${vtests[$i]:-CudaGemmConfigs.EveryConfigMatchesReference:CudaMoeSmall.*}"
     note "ab tests (${names[$i]}): rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]+ test' "$OUT/ab_tests_${names[$i]}.log" | tr '\n' ' ')"
   done
   order=(-1 "${!names[@]}")
