@@ -28,31 +28,32 @@ int ConfigNamed(const char* name, size_t len) {
   return -1;
 }
 
-// MXMOE_GEMM_CONFIG=<a config's GemmInfo name> forces it (for measuring configs against each other);
-// <FC1's>/<FC2's> forces one for each GEMM. Entry 0 is FC1's (and FC2's when entry 1 is -1).
-std::atomic<int>* ForcedConfigs() {
-  static std::atomic<int> forced[2] = {-1, -1};
-  static const bool from_env = [] {
+// The forced configs (-1: none; FC2's -1 is FC1's). MXMOE_GEMM_CONFIG=<a config's GemmInfo name>
+// forces one (for measuring configs against each other), <FC1's>/<FC2's> one for each GEMM.
+struct ForcedConfigs {
+  std::atomic<int> fc1{-1}, fc2{-1};
+  ForcedConfigs() {
     const char* v = std::getenv("MXMOE_GEMM_CONFIG");
-    if (v == nullptr) return false;
+    if (v == nullptr) return;
     const char* slash = std::strchr(v, '/');
     const size_t fc1_len = slash != nullptr ? static_cast<size_t>(slash - v) : std::strlen(v);
-    forced[0] = ConfigNamed(v, fc1_len);
-    if (slash != nullptr) forced[1] = ConfigNamed(slash + 1, std::strlen(slash + 1));
+    fc1 = ConfigNamed(v, fc1_len);
+    if (slash != nullptr) fc2 = ConfigNamed(slash + 1, std::strlen(slash + 1));
     // (An empty FC1 name is the heuristics' FC1 on purpose; anything else unknown is said once.)
-    if ((fc1_len > 0 && forced[0] < 0) || (slash != nullptr && forced[1] < 0))
+    if ((fc1_len > 0 && fc1 < 0) || (slash != nullptr && fc2 < 0))
       std::fprintf(stderr, "mxmoe: MXMOE_GEMM_CONFIG=%s names no config (FC1 or FC2 part ignored)\n", v);
-    return true;
-  }();
-  (void)from_env;
+  }
+};
+ForcedConfigs& Forced() {
+  static ForcedConfigs forced;
   return forced;
 }
 
 }  // namespace
 
 void ForceGemmConfig(int config, int fc2_config) {
-  ForcedConfigs()[0].store(config, std::memory_order_relaxed);
-  ForcedConfigs()[1].store(fc2_config, std::memory_order_relaxed);
+  Forced().fc1.store(config, std::memory_order_relaxed);
+  Forced().fc2.store(fc2_config, std::memory_order_relaxed);
 }
 
 LaunchChoice ChooseLaunch(const LayerDims& dims, int64_t num_tokens, int64_t max_chunk) {
@@ -122,10 +123,10 @@ LaunchChoice ChooseLaunch(const LayerDims& dims, int64_t num_tokens, int64_t max
     c.gemm = fewest_ctas ? GemmConfigId::kN8c4 : few_ctas ? GemmConfigId::kN8c2 : GemmConfigId::kN8;
   else if (c.pairs_per_expert < 32.0) c.gemm = GemmConfigId::kN32;
   else c.gemm = GemmConfigId::kWg128d3x3;
-  const int forced = ForcedConfigs()[0].load(std::memory_order_relaxed);
+  const int forced = Forced().fc1.load(std::memory_order_relaxed);
   if (forced >= 0 && forced < kNumGemmConfigs) c.gemm = static_cast<GemmConfigId>(forced);
   c.gemm_fc2 = c.gemm;
-  const int forced_fc2 = ForcedConfigs()[1].load(std::memory_order_relaxed);
+  const int forced_fc2 = Forced().fc2.load(std::memory_order_relaxed);
   if (forced_fc2 >= 0 && forced_fc2 < kNumGemmConfigs &&
       GemmInfo(static_cast<GemmConfigId>(forced_fc2)).block_n == GemmInfo(c.gemm).block_n)
     c.gemm_fc2 = static_cast<GemmConfigId>(forced_fc2);

@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -34,6 +35,19 @@ inline bool EnvFlagIs(const char* name, const char* value) {
   const char* v = std::getenv(name);
   return v != nullptr && std::strcmp(v, value) == 0;
 }
+
+// A process-wide on/off switch, read once from environment variable `name` (1: on, 0: off, else
+// `fallback`), which the tests may flip.
+class EnvSwitch {
+ public:
+  EnvSwitch(const char* name, bool fallback)
+      : on_(EnvFlagIs(name, "1") ? true : EnvFlagIs(name, "0") ? false : fallback) {}
+  void Set(bool on) { on_.store(on, std::memory_order_relaxed); }
+  bool Get() const { return on_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<bool> on_;
+};
 
 // Whether the pipeline's kernels are launched with programmatic dependent launch (ptx.cuh,
 // GridDependencyWait): MXMOE_PDL=1 turns it on (off by default until measured: perf-log v6).

@@ -105,8 +105,8 @@ struct RouteSmallParams {
   int32_t warp_max = 0;
 };
 inline constexpr int32_t kWarpRoutePairs = 32;
-// Whether small calls route in one warp (rp.warp_max = kWarpRoutePairs): MXMOE_WARP_ROUTE=1 at start,
-// off by default until measured (perf-log v16); SetWarpRoute for the tests.
+// Whether small calls route in one warp (rp.warp_max = kWarpRoutePairs): MXMOE_WARP_ROUTE=1 (or 0)
+// at start, off by default until measured (perf-log v16); SetWarpRoute for the tests.
 void SetWarpRoute(bool on);
 bool WarpRouteEnabled();
 cudaError_t LaunchRouteSmall(const RouteSmallParams& p, cudaStream_t stream);

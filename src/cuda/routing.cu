@@ -3,7 +3,6 @@
 // the deterministic combine. Everything stays on the device: no host synchronization.
 #include <cub/cub.cuh>
 
-#include <atomic>
 #include <cstdint>
 
 #include "cuda/launch_util.cuh"
@@ -253,7 +252,6 @@ __device__ void RouteSmallOfCta(const RouteSmallParams& p, KeyAt key_at) {
 // p.block_n positions of an expert's run (__match_any_sync gives the run), and each lane finds
 // offsets[e] and tile_offsets[e] for 32 experts at a time by a binary search over the lanes.
 // Every lane of the warp calls it.
-
 template <class KeyAt>
 __device__ void RouteWarp(const RouteSmallParams& p, KeyAt key_at) {
   constexpr unsigned kAll = 0xFFFFFFFFu;
@@ -369,17 +367,15 @@ __global__ void __launch_bounds__(kThreads)
 
 int64_t Blocks(int64_t threads) { return (threads + kThreads - 1) / kThreads; }
 
-}  // namespace
-
-namespace {
-std::atomic<bool>& WarpRoute() {
-  static std::atomic<bool> on{EnvFlagIs("MXMOE_WARP_ROUTE", "1")};
+EnvSwitch& WarpRoute() {
+  static EnvSwitch on{"MXMOE_WARP_ROUTE", false};
   return on;
 }
+
 }  // namespace
 
-void SetWarpRoute(bool on) { WarpRoute().store(on, std::memory_order_relaxed); }
-bool WarpRouteEnabled() { return WarpRoute().load(std::memory_order_relaxed); }
+void SetWarpRoute(bool on) { WarpRoute().Set(on); }
+bool WarpRouteEnabled() { return WarpRoute().Get(); }
 
 cudaError_t LaunchPrepare(const PrepareParams& p, cudaStream_t stream) {
   const int64_t quant = p.num_tokens * (p.hidden / kMxBlock);

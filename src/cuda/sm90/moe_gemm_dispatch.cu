@@ -67,16 +67,14 @@ cudaError_t PrepareGemmKernels() {
 
 namespace {
 std::atomic<int> persistent_cta_limit{0};
-std::atomic<bool>& PersistentFc1() {
-  static std::atomic<bool> on{EnvFlagIs("MXMOE_FC1_PERSISTENT", "1")   ? true
-                              : EnvFlagIs("MXMOE_FC1_PERSISTENT", "0") ? false
-                                                                      : kPersistentFc1Default};
+EnvSwitch& PersistentFc1() {
+  static EnvSwitch on{"MXMOE_FC1_PERSISTENT", kPersistentFc1Default};
   return on;
 }
 }  // namespace
 
-void SetPersistentFc1(bool on) { PersistentFc1().store(on, std::memory_order_relaxed); }
-bool PersistentFc1Enabled() { return PersistentFc1().load(std::memory_order_relaxed); }
+void SetPersistentFc1(bool on) { PersistentFc1().Set(on); }
+bool PersistentFc1Enabled() { return PersistentFc1().Get(); }
 
 void LimitPersistentCtas(int ctas) { persistent_cta_limit.store(ctas > 0 ? ctas : 0, std::memory_order_relaxed); }
 int PersistentCtaLimit() { return persistent_cta_limit.load(std::memory_order_relaxed); }
