@@ -15,6 +15,7 @@ as a mismatch (exit status 1).
 """
 import argparse
 import csv
+import functools
 import json
 import math
 import os
@@ -82,17 +83,33 @@ def read_experts(path, tensors, num_experts):
             yield e, out
 
 
+@functools.lru_cache(maxsize=None)
+def _e2m1_table(device, dtype):
+    return torch.tensor(E2M1_VALUES, dtype=dtype, device=device)
+
+
 def dequantize_mxfp4(packed, scales, dtype=torch.bfloat16):
     """[rows, cols/2] packed E2M1 (element 2i in the low nibble) and [rows, cols/32] UE8M0 scales ->
     [rows, cols] in `dtype`. Exact in bf16 and wider: every E2M1 value times a power of two fits."""
     rows, half = packed.shape
-    lut = torch.tensor(E2M1_VALUES, dtype=torch.float64 if dtype == torch.float64 else torch.float32,
-                       device=packed.device)
+    lut = _e2m1_table(packed.device, torch.float64 if dtype == torch.float64 else torch.float32)
     codes = torch.stack((packed & 0xF, packed >> 4), dim=-1).view(rows, 2 * half).long()
     scale = torch.exp2(scales.to(lut.dtype) - 127.0)
     scale = torch.where(scales == 0xFF, torch.full_like(scale, float("nan")), scale)  # UE8M0 NaN
     values = lut[codes].view(rows, -1, 32) * scale.unsqueeze(-1)
     return values.view(rows, 2 * half).to(dtype)
+
+
+def sort_pairs(topk_ids, num_experts):
+    """(keys, order, counts) on the device without a host sync: each (token, slot) pair's expert, or
+    num_experts for an id outside [0, E) (those pairs sort last); the pair ids t k + j sorted by key,
+    stably; and the pairs per expert [E] (bincount would read the maximum back)."""
+    ids = topk_ids.reshape(-1).long()
+    keys = torch.where((ids >= 0) & (ids < num_experts), ids, num_experts)
+    order = torch.argsort(keys, stable=True)
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=ids.device)
+    counts = counts.scatter_add_(0, keys, torch.ones_like(keys))[:num_experts]
+    return keys, order, counts
 
 
 def activation(spec, g, u, gate_bias=None, up_bias=None):

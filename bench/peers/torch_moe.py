@@ -16,7 +16,7 @@ import functools
 
 import torch
 
-from peer_common import PeerLayer, activation, dequantize_mxfp4, parse_args, run_rows
+from peer_common import PeerLayer, activation, dequantize_mxfp4, parse_args, run_rows, sort_pairs
 
 
 class Layer(PeerLayer):
@@ -56,21 +56,16 @@ def moe_forward(layer, x, topk_ids, topk_weights, grouped_mm):
     [0, E): nothing)."""
     t_count, k = topk_ids.shape
     e_count, i_dim = layer.num_experts, layer.intermediate
-    ids = topk_ids.reshape(-1).long()
-    valid = (ids >= 0) & (ids < e_count)
-    keys = torch.where(valid, ids, e_count)  # "no expert" pairs sort after every expert's
-    order = torch.argsort(keys, stable=True)
+    keys, order, counts = sort_pairs(topk_ids, e_count)
     sorted_keys = keys[order]
-    # Per-expert pair counts without a host sync (bincount would read the maximum back).
-    counts = torch.zeros(e_count + 1, dtype=torch.int64, device=x.device).scatter_add_(0, keys, torch.ones_like(keys))
     # offs[e] ends expert e's rows; rows past offs[-1] (the "no expert" pairs) are left unwritten.
-    offs = torch.cumsum(counts[:e_count], 0).to(torch.int32)
+    offs = torch.cumsum(counts, 0).to(torch.int32)
     token_of = order // k
     h = grouped_mm(x[token_of], layer.w13.transpose(-2, -1), offs=offs)  # [pairs, 2I]
     a = layer.act(h[:, :i_dim].float(), h[:, i_dim:].float(), sorted_keys.clamp(max=e_count - 1))
     y = grouped_mm(a.to(torch.bfloat16), layer.w2.transpose(-2, -1), offs=offs)  # [pairs, K]
     w = topk_weights.reshape(-1)[order]
-    contrib = torch.where(valid[order].unsqueeze(-1), y.float() * w.unsqueeze(-1), 0.0)
+    contrib = torch.where((sorted_keys < e_count).unsqueeze(-1), y.float() * w.unsqueeze(-1), 0.0)
     out = torch.zeros(t_count, layer.hidden, dtype=torch.float32, device=x.device)
     return out.index_add_(0, token_of, contrib).to(torch.bfloat16)
 

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from peer_common import PeerLayer, parse_args, run_rows
+from peer_common import PeerLayer, parse_args, run_rows, sort_pairs
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 ACTIVATIONS = {"Situ": 0, "Swiglu": 1, "SwigluBias": 2}
@@ -114,7 +114,8 @@ def _fc2_kernel(a_ptr, order_ptr, tile_expert_ptr, tile_row_ptr, tile_count_ptr,
                 DOT: tl.constexpr):
     """y[pair, n] = w_pair * (a[r] . W2[e][n]) for the sorted pairs r of one tile (pair = order[r])
     and output columns n of one block. (Its first lines repeat _fc1_kernel's: with the tile read in
-    a shared jit function, both kernels took 230-255 registers instead of 186-202, Triton 3.6.)"""
+    a shared jit function, the kernels of 64- and 128-row tiles took 230-255 registers instead of
+    186-202 and the 16-row FC1 113 instead of 96, Triton 3.6, triton_compile_check.py.)"""
     tile = tl.program_id(1)
     expert = tl.load(tile_expert_ptr + tile)
     if expert < 0:
@@ -217,18 +218,13 @@ def route(topk_ids, num_experts, block_m):
     order lists the pair ids t k + j sorted by expert (stable; pairs of ids outside [0, E) last and
     in no tile), and tile i covers order[tile_row[i] : tile_row[i] + tile_count[i]], all of expert
     tile_expert[i] (-1 for the list's unused tail: its length is a bound from the shapes alone)."""
-    ids = topk_ids.reshape(-1).long()
-    pairs = ids.numel()
-    device = ids.device
-    keys = torch.where((ids >= 0) & (ids < num_experts), ids, num_experts)
-    order = torch.argsort(keys, stable=True)
-    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=device)
-    counts = counts.scatter_add_(0, keys, torch.ones_like(keys))[:num_experts]
+    _, order, counts = sort_pairs(topk_ids, num_experts)
+    pairs = order.numel()
     first_pair = torch.cumsum(counts, 0) - counts
     tiles = (counts + block_m - 1) // block_m
     tiles_end = torch.cumsum(tiles, 0)
     max_tiles = max(1, (pairs + block_m - 1) // block_m + min(num_experts, pairs))
-    t = torch.arange(max_tiles, device=device)
+    t = torch.arange(max_tiles, device=order.device)
     expert = torch.searchsorted(tiles_end, t, right=True)  # the first e whose tiles end after t
     used = expert < num_experts
     e = expert.clamp(max=num_experts - 1)

@@ -93,8 +93,9 @@ def normwise(got, want):
 
 def mxmoe_reference(weights, activation, x_bits, ids, tw):
     w = weights if activation == "SwigluBias" else {k: v for k, v in weights.items() if not k.endswith("_bias")}
-    params = {"Situ": {"beta": 4.0, "linear_beta": 25.0}, "SwigluBias": {"alpha": 1.702, "limit": 7.0}}
-    experts = mxmoe.prepare_experts(**w, top_k=TOPK, activation=activation, **params.get(activation, {}))
+    used = {"Situ": ("beta", "linear_beta"), "SwigluBias": ("alpha", "limit")}.get(activation, ())
+    experts = mxmoe.prepare_experts(**w, top_k=TOPK, activation=activation,
+                                    **{name: ACTIVATION_PARAMS[name] for name in used})
     return torch.from_numpy(mxmoe.reference_moe(x_bits, ids, tw, experts, out_dtype="float32")).double()
 
 
@@ -154,8 +155,8 @@ def test_torch_peer_matches_its_math_and_mxmoe(weights, activation):
     x_bits, ids, tw = make_input(num_tokens=13, pattern="with_invalid", seed=4)
     x = torch.from_numpy(x_bits.astype(np.int16)).view(torch.bfloat16)
     grouped_mm, _ = torch_moe.grouped_mm_fn()
-    ids_t = torch.from_numpy(ids)
-    got = torch_moe.moe_forward(layer, x.to(DEVICE), ids_t.to(DEVICE), torch.from_numpy(tw).to(DEVICE), grouped_mm)
+    got = torch_moe.moe_forward(layer, x.to(DEVICE), torch.from_numpy(ids).to(DEVICE), torch.from_numpy(tw).to(DEVICE),
+                                grouped_mm)
     assert got.dtype == torch.bfloat16 and tuple(got.shape) == (13, K)
     got = got.double().cpu()
     assert torch.isfinite(got).all()
