@@ -216,7 +216,7 @@ if named phases; then
 fi
 
 # Not part of `all`: `AB_FLAGS=-DSOME_MACRO scripts/device-gpu.sh ab`. An A/B of a
-# compile-time variant in one session: $BUILD as the build stage makes it and $BUILD-ab with
+# compile-time variant in one session: $BUILD as the build stage makes it and $BUILD-ab-ab with
 # AB_FLAGS added, side by side; AB_FILTER's GPU tests on the variant (default: every GEMM config and
 # the small shapes against the CPU reference; '-*' for none); then the layers AB_SHAPES (default
 # kimi-k3; a list as `mxmoe bench --shapes` takes) at AB_TOKENS (default 1, 1024, 4096) in the order
@@ -228,10 +228,10 @@ fi
 # Several variants in one call: AB_VARIANTS="NAME[:flags=F,F...][:env=V=x,V=y...][:tests=T,T...] ...",
 # e.g. AB_VARIANTS="mux:flags=-DMXMOE_KB_MUX=1 warp:env=MXMOE_WARP_ROUTE=1:tests=CudaMoeSmall.*"
 # (commas stand for spaces within flags and env, for ':' between gtest patterns within tests;
-# tests=-* runs none; default AB_FILTER). Each variant with flags gets a tree of its own (built beside the base; variants
-# with the same flags share one); the
-# tests run on each variant; the rows go base, v1 .. vn, vn .. v1, base. AB_ROW_TIMEOUT (default
-# 150 s) bounds each row's `mxmoe bench`.
+# tests=-* runs none; default AB_FILTER); AB_FLAGS / AB_ENV alone are the one variant "ab". Each
+# variant with flags gets a tree of its own, built beside the base (variants with the same flags
+# share one); the tests run on each variant; the rows go base, v1 .. vn, vn .. v1, base.
+# AB_ROW_TIMEOUT (default 150 s) bounds each row's `mxmoe bench`.
 if named ab; then
   [ -n "${AB_FLAGS:-}${AB_BASE_SRC:-}${AB_ENV:-}${AB_VARIANTS:-}" ] ||
     { note "ab: set AB_FLAGS, AB_ENV, AB_VARIANTS or AB_BASE_SRC"; exit 1; }
@@ -262,20 +262,18 @@ if named ab; then
     names=(ab) vflags=("${AB_FLAGS:-}") venvs=("${AB_ENV:-}") vtests=("${AB_FILTER:-}")
   fi
   # Trees: the base's ($BUILD, or $BUILD-ref for another commit's sources: a CMake tree stays tied to
-  # its sources); a variant with flags its own ($BUILD-ab for the one of AB_FLAGS); one without,
-  # this checkout's default tree.
+  # its sources); a variant with flags $BUILD-ab-NAME, or the tree of an earlier variant with the
+  # same flags; one without, this checkout's default tree.
   base_tree=$BUILD
   [ -z "${AB_BASE_SRC:-}" ] || base_tree=$BUILD-ref
   vtrees=()
   for i in "${!names[@]}"; do
-    if [ -z "${vflags[$i]}" ]; then vtrees+=("$BUILD")
-    elif [ -z "${AB_VARIANTS:-}" ]; then vtrees+=("$BUILD-ab")
-    else
-      # (Variants with the same flags share the first one's tree.)
+    tree=$BUILD
+    if [ -n "${vflags[$i]}" ]; then
       tree="$BUILD-ab-${names[$i]}"
       for (( j = 0; j < i; ++j )); do [ "${vflags[$j]}" = "${vflags[$i]}" ] && { tree=${vtrees[$j]}; break; }; done
-      vtrees+=("$tree")
     fi
+    vtrees+=("$tree")
   done
   # A tree of another commit's sources is built afresh: the copy to this machine need not keep
   # the files' times, and a tree left by an earlier call may hold another commit.
