@@ -3,10 +3,10 @@
 # CLI (its `mxmoe bench` is the benchmark), check registers/SASS, run the GPU tests, a
 # compute-sanitizer pass on a small case, and the benchmark. Full logs go to $OUT (or
 # ./device-out); a short table is printed last.
-#   scripts/device-gpu.sh [all|build|test|sanitize|bench|profile|bench2|kprofile|dprofile|sprofile|sm120|ab|phases] ...
+#   scripts/device-gpu.sh [all|build|test|sanitize|bench|profile|bench2|kprofile|dprofile|sprofile|sm120|ab|phases|pipes] ...
 #   (default: all; sprofile, per-instruction stall samples, sm120, the SM120 path in emulation
-#   and its sm_120a SASS, ab, a compile-time variant against the default, and phases, the GEMM
-#   CTAs' cycles by phase, only when named)
+#   and its sm_120a SASS, ab, a compile-time variant against the default, phases, the GEMM
+#   CTAs' cycles by phase, and pipes, the GEMM kernels' pipe and issue shares, only when named)
 #   EXTRA_CUDA_FLAGS adds nvcc flags (e.g. -DMXMOE_DEBUG_MBAR_TIMEOUT); GTEST_FILTER=... narrows the suite; BENCH_ARGS="--shapes kimi-k3 --tokens 1,8" narrows the
 #   benchmark (default: the whole sweep of `make bench`, with the PyTorch peer and the report).
 set -uo pipefail
@@ -32,7 +32,7 @@ configure_sm90() {
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /' | tee -a "$SUMMARY"
 
 if want build || want test || want sanitize || want bench || want profile || want bench2 || want kprofile || want dist \
-   || named sprofile; then
+   || named sprofile || named pipes; then
   t0=$(secs)
   configure_sm90 "$BUILD" "$OUT/configure.log" || { note "configure FAILED"; tail -20 "$OUT/configure.log"; exit 1; }
   cmake --build "$BUILD" -j16 --target mxmoe_gpu_tests mxmoe_cli >"$OUT/build.log" 2>&1 \
@@ -213,6 +213,38 @@ if named phases; then
       grep -E "^kimi-k3 |mxmoe phase timing" "$OUT/phases_$t.log" | tee -a "$SUMMARY" >/dev/null
     done
   fi
+fi
+
+# Not part of `all`: `scripts/device-gpu.sh pipes` (it builds the default tree). What holds the GEMM kernels at the
+# benchmark's shape: for each T in PIPES_TOKENS (default 1 1024 4096), FC1 and FC2 of one call of the
+# Kimi-K3 layer (896 experts, uniform; the heuristics' config unless MXMOE_GEMM_CONFIG says
+# otherwise) under Nsight Compute: duration, DRAM throughput, issue slots busy, warps per scheduler,
+# and the active cycles of every tensor, FMA, ALU and shared-memory pipe the machine's ncu knows
+# (`ncu --query-metrics`: the tensor pipes' names differ between mma.sync and wgmma), as shares of
+# their peaks. perf-log v17 says what each reading would decide.
+if named pipes; then
+  t0=$(secs)
+  base="launch__grid_size,gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed"
+  base+=",sm__inst_issued.avg.pct_of_peak_sustained_active,sm__warps_active.avg.per_cycle_active"
+  ncu --query-metrics >"$OUT/pipes_query.log" 2>&1
+  metrics=$base
+  for m in $(awk '{print $1}' "$OUT/pipes_query.log" \
+             | grep -E '^sm__(pipe_(tensor[a-z_]*|alu|fma|fmaheavy|fmalite|fp16|shared)_cycles_active)$' | sort -u); do
+    metrics+=",$m.avg.pct_of_peak_sustained_active"
+  done
+  for t in ${PIPES_TOKENS:-1 1024 4096}; do
+    for m in "$metrics" "$base"; do  # (the listed names, or the base set if ncu refuses one of them)
+      timeout 150 ncu --clock-control none -k regex:'Moe(Gemm|Wgmma)Kernel' -c 2 --metrics "$m" \
+        "$BUILD/bin/mxmoe" bench --shapes kimi-k3 --routing uniform --tokens "$t" --repeats 1 --warmup 0 \
+        --no-graph --check-tokens 1 >"$OUT/pipes_$t.log" 2>&1
+      rc=$?
+      grep -qiE 'failed to find metric|unknown metric|invalid metric' "$OUT/pipes_$t.log" || break
+    done
+    note "pipes (T = $t): rc=$rc"
+    awk '/^  [A-Za-z_].*\(/ { name = $1 } / (launch|gpu|dram|sm)__[a-z_.]+ / { printf "  %s %s %s\n", substr(name, 1, 40), $1, $NF }' \
+      "$OUT/pipes_$t.log" | tee -a "$SUMMARY" >/dev/null
+  done
+  note "pipes: $(( $(secs) - t0 )) s"
 fi
 
 # Not part of `all`: `AB_FLAGS=-DSOME_MACRO scripts/device-gpu.sh ab`. An A/B of a
