@@ -217,8 +217,9 @@ fi
 
 # Not part of `all`: `scripts/device-gpu.sh pipes` (it builds the default tree). What holds the GEMM kernels at the
 # benchmark's shape: for each T in PIPES_TOKENS (default 1 1024 4096), FC1 and FC2 of one call of the
-# Kimi-K3 layer (896 experts, uniform; the heuristics' config unless MXMOE_GEMM_CONFIG says
-# otherwise) under Nsight Compute: duration, DRAM throughput, issue slots busy, warps per scheduler,
+# Kimi-K3 layer (896 experts, uniform) under Nsight Compute, for each config in PIPES_CONFIGS
+# (default "auto", the heuristics' choice; names as MXMOE_GEMM_CONFIG takes them, e.g.
+# PIPES_CONFIGS="auto wg32x2d"): duration, DRAM throughput, issue slots busy, warps per scheduler,
 # and the active cycles of every tensor, FMA, ALU and shared-memory pipe the machine's ncu knows
 # (`ncu --query-metrics`: the tensor pipes' names differ between mma.sync and wgmma), as shares of
 # their peaks. perf-log v17 says what each reading would decide.
@@ -232,17 +233,22 @@ if named pipes; then
              | grep -E '^sm__(pipe_(tensor[a-z_]*|alu|fma|fmaheavy|fmalite|fp16|shared)_cycles_active)$' | sort -u); do
     metrics+=",$m.avg.pct_of_peak_sustained_active"
   done
-  for t in ${PIPES_TOKENS:-1 1024 4096}; do
-    for m in "$metrics" "$base"; do  # (the listed names, or the base set if ncu refuses one of them)
-      timeout 150 ncu --clock-control none -k regex:'Moe(Gemm|Wgmma)Kernel' -c 2 --metrics "$m" \
-        "$BUILD/bin/mxmoe" bench --shapes kimi-k3 --routing uniform --tokens "$t" --repeats 1 --warmup 0 \
-        --no-graph --check-tokens 1 >"$OUT/pipes_$t.log" 2>&1
-      rc=$?
-      grep -qiE 'failed to find metric|unknown metric|invalid metric' "$OUT/pipes_$t.log" || break
+  for cfg in ${PIPES_CONFIGS:-auto}; do
+    forced=()
+    [ "$cfg" = auto ] || forced=(MXMOE_GEMM_CONFIG="$cfg")
+    for t in ${PIPES_TOKENS:-1 1024 4096}; do
+      log="$OUT/pipes_${cfg}_$t.log"
+      for m in "$metrics" "$base"; do  # (the listed names, or the base set if ncu refuses one of them)
+        env "${forced[@]}" timeout 150 ncu --clock-control none -k regex:'Moe(Gemm|Wgmma)Kernel' -c 2 --metrics "$m" \
+          "$BUILD/bin/mxmoe" bench --shapes kimi-k3 --routing uniform --tokens "$t" --repeats 1 --warmup 0 \
+          --no-graph --check-tokens 1 >"$log" 2>&1
+        rc=$?
+        grep -qiE 'failed to find metric|unknown metric|invalid metric' "$log" || break
+      done
+      note "pipes ($cfg, T = $t): rc=$rc"
+      awk '/^  [A-Za-z_].*\(/ { name = $1 } / (launch|gpu|dram|sm)__[a-z_.]+ / { printf "  %s %s %s\n", substr(name, 1, 40), $1, $NF }' \
+        "$log" | tee -a "$SUMMARY" >/dev/null
     done
-    note "pipes (T = $t): rc=$rc"
-    awk '/^  [A-Za-z_].*\(/ { name = $1 } / (launch|gpu|dram|sm)__[a-z_.]+ / { printf "  %s %s %s\n", substr(name, 1, 40), $1, $NF }' \
-      "$OUT/pipes_$t.log" | tee -a "$SUMMARY" >/dev/null
   done
   note "pipes: $(( $(secs) - t0 )) s"
 fi
