@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -105,10 +106,11 @@ int MaxFiniteScale(const std::vector<uint8_t>& scales, int start) {
 
 // One chunk's buffers and routing, as the shared part of Run leaves them for the GEMMs.
 struct GemmCall {
-  int64_t chunk_tokens = 0;  // the chunk size the workspace was planned for: xq's and h's capacity
-  uint8_t* xq = nullptr;     // XqBytes(chunk_tokens)
-  uint8_t* h = nullptr;      // HBytes(chunk_tokens * top_k)
-  float* y = nullptr;        // [pairs, K] fp32 rows for the combine
+  int64_t chunk_tokens = 0;   // the chunk size the workspace was planned for: xq's capacity
+  int64_t pair_capacity = 0;  // h's and y's rows: chunk_tokens * top_k, or a pair chunk's
+  uint8_t* xq = nullptr;      // XqBytes(chunk_tokens)
+  uint8_t* h = nullptr;       // HBytes(pair_capacity)
+  float* y = nullptr;         // [pair_capacity, K] fp32 rows for the combine
   const int32_t* sorted_pairs = nullptr;
   const int32_t* expert_offsets = nullptr;
   const int2* tiles = nullptr;
@@ -116,6 +118,10 @@ struct GemmCall {
   int64_t max_tiles = 0;  // an upper bound of *num_tiles, known on the host
   int32_t top_k = 0;
   const float* topk_weights = nullptr;
+  // FC2's pair ids and router weights by sorted position where they are not FC1's (pair chunks:
+  // 0, 1, ... and the weights in sorted order, so that FC2 writes y at positions; null: FC1's).
+  const int32_t* fc2_pairs = nullptr;
+  const float* fc2_weights = nullptr;
   const ExpertParams* experts = nullptr;
   ActivationType act = ActivationType::Situ;
   const float* gate_bias = nullptr;
@@ -222,7 +228,7 @@ class Sm90Path final : public KernelPath {
       // The wgmma kernels load a tile's tokens as one box: gather them in sorted order first, into
       // y's space (y is written only by FC2, and a bf16 row of XStride() fits in an fp32 row of K).
       uint16_t* xs = reinterpret_cast<uint16_t*>(call.y);
-      const int64_t max_rows = call.chunk_tokens * call.top_k;
+      const int64_t max_rows = call.pair_capacity;
       MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchGatherRows(g1.b, XStride(), dims_.hidden, call.sorted_pairs,
                                                              call.expert_offsets + dims_.num_local, call.top_k,
                                                              max_rows, xs, stream),
@@ -234,12 +240,14 @@ class Sm90Path final : public KernelPath {
     MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchGemm(id, true, g1, m_tiles13 * call.max_tiles, stream),
                                     std::string("FC1 grouped GEMM (") + choice.name + ")"));
     cuda::GemmParams g2 = g;
+    if (call.fc2_pairs != nullptr) g2.sorted_pairs = call.fc2_pairs;
+    if (call.fc2_weights != nullptr) g2.topk_weights = call.fc2_weights;
     g2.a_tiles = w2_tiles_.As<uint8_t>();
     g2.a_scales = w2_scales_.As<uint8_t>();
     g2.a_shape = w2_;
     g2.b = h;
     g2.b_stride = g.h_stride;
-    g2.b_rows = call.chunk_tokens * call.top_k;
+    g2.b_rows = call.pair_capacity;
     g2.m_tiles = m_tiles2;
     return CudaCheck(cuda::LaunchGemm(static_cast<cuda::GemmConfigId>(choice.config_fc2), false, g2,
                                       m_tiles2 * call.max_tiles, stream),
@@ -303,7 +311,7 @@ class Sm120Path final : public KernelPath {
   Status LaunchGemms(const GemmChoice& choice, const GemmCall& call, cudaStream_t stream) const override {
     const cuda::sm120::GemmConfigId id = static_cast<cuda::sm120::GemmConfigId>(choice.config);
     const int64_t groups_per_cta = cuda::sm120::GemmInfo(id).block_n / cuda::sm120::kGroupRows;
-    const int64_t pair_capacity = call.chunk_tokens * call.top_k;
+    const int64_t pair_capacity = call.pair_capacity;
     cuda::sm120::GemmParams g;
     g.sorted_pairs = call.sorted_pairs;
     g.expert_offsets = call.expert_offsets;
@@ -336,6 +344,8 @@ class Sm120Path final : public KernelPath {
     MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::sm120::LaunchGemm(id, true, g1, g1.n_blocks * call.max_tiles, stream),
                                     std::string("FC1 grouped GEMM (sm120 ") + choice.name + ")"));
     cuda::sm120::GemmParams g2 = g;
+    if (call.fc2_pairs != nullptr) g2.sorted_pairs = call.fc2_pairs;
+    if (call.fc2_weights != nullptr) g2.topk_weights = call.fc2_weights;
     g2.a_codes = g.h_codes;
     g2.a_scales = g.h_scales;
     g2.a_stride = g.h_stride;
@@ -366,9 +376,16 @@ class Sm120Path final : public KernelPath {
   DeviceBuffer w13_codes_, w13_scales_, w2_codes_, w2_scales_;
 };
 
-// ~2 GiB of workspace at most; larger calls run in token chunks (SPEC target: <= 2.5 GB at
-// T = 16384, k = 16 for Kimi-K3).
+// ~2 GiB of workspace at most; larger calls run in token chunks, or in pair chunks (SPEC target:
+// <= 2.5 GB at T = 16384, k = 16 for Kimi-K3).
 constexpr size_t kWorkspaceTarget = size_t{2} << 30;
+// The target of the CudaMoe objects created from now on (SetWorkspaceTarget; 0: kWorkspaceTarget).
+std::atomic<size_t> g_workspace_target{0};
+
+cuda::EnvSwitch& PairChunks() {
+  static cuda::EnvSwitch on{"MXMOE_PAIR_CHUNKS", false};
+  return on;
+}
 // Device staging for the upload at Create, per buffer (two alternate).
 constexpr size_t kStagingTarget = size_t{256} << 20;
 
@@ -384,13 +401,25 @@ class CudaMoeImpl final : public CudaMoe {
 
   Status Init(const ExpertSet& experts, int device);
 
+  // The larger of what the call needs in token chunks and in pair chunks (whichever is on when it
+  // runs), and of the unfused reference's.
   size_t WorkspaceSize(int64_t max_tokens) const override {
     if (max_tokens <= 0) return 0;
-    return std::max(PlanRun(std::min(max_tokens, max_chunk_run_)).total,
-                    PlanRef(std::min(max_tokens, max_chunk_ref_)).total);
+    size_t need = std::max(PlanRun(std::min(max_tokens, max_chunk_run_)).total,
+                           PlanRef(std::min(max_tokens, max_chunk_ref_)).total);
+    if (max_tokens > max_chunk_run_) need = std::max(need, PlanPairsFor(max_tokens).total);
+    return need;
   }
   std::string Plan(int64_t num_tokens) const override {
-    const cuda::LaunchChoice choice = cuda::ChooseLaunch(dims_, std::max<int64_t>(1, num_tokens), max_chunk_run_);
+    num_tokens = std::max<int64_t>(1, num_tokens);
+    if (UsesPairChunks(num_tokens)) {
+      const PairLayout l = PlanPairsFor(num_tokens);
+      const cuda::LaunchChoice choice = cuda::ChooseLaunch(dims_, l.tokens, l.tokens);
+      const int64_t outer = (num_tokens + l.tokens - 1) / l.tokens;
+      const int64_t inner = (l.tokens * dims_.top_k + l.pairs - 1) / l.pairs;
+      return path_->Choose(choice).name + " x" + std::to_string(outer * inner) + " pair chunks";
+    }
+    const cuda::LaunchChoice choice = cuda::ChooseLaunch(dims_, num_tokens, max_chunk_run_);
     std::string plan = path_->Choose(choice).name;
     if (choice.num_chunks > 1) plan += " x" + std::to_string(choice.num_chunks) + " chunks";
     return plan;
@@ -417,6 +446,15 @@ class CudaMoeImpl final : public CudaMoe {
     size_t xd, hd, y;
     size_t total;
   };
+  // Pair chunks: the routing of `tokens` tokens (all their pairs) and the buffers of one range of
+  // at most `pairs` sorted positions, and the fp32 sums of the ranges before.
+  struct PairLayout {
+    int64_t tokens = 0, pairs = 0;
+    size_t xq, keys_in, keys_out, vals_in, vals_out, pos_of_pair, sorted_weights, offsets, tile_offsets, tiles,
+        num_tiles, sort_temp;
+    size_t iota, h, y, acc;
+    size_t total;
+  };
   RunLayout PlanRun(int64_t chunk) const {
     const size_t pairs = static_cast<size_t>(chunk * dims_.top_k);
     const size_t experts = static_cast<size_t>(dims_.num_local + 1);
@@ -437,6 +475,45 @@ class CudaMoeImpl final : public CudaMoe {
     l.total = a.Take(0);
     return l;
   }
+  PairLayout PlanPairs(int64_t tokens, int64_t pairs) const {
+    const size_t all = static_cast<size_t>(tokens * dims_.top_k);
+    const size_t experts = static_cast<size_t>(dims_.num_local + 1);
+    Arena a;
+    PairLayout l;
+    l.tokens = tokens;
+    l.pairs = pairs;
+    l.xq = a.Take(path_->XqBytes(tokens));
+    l.keys_in = a.Take(all * 4);
+    l.keys_out = a.Take(all * 4);
+    l.vals_in = a.Take(all * 4);
+    l.vals_out = a.Take(all * 4);
+    l.pos_of_pair = a.Take(all * 4);
+    l.sorted_weights = a.Take(all * 4);
+    l.offsets = a.Take(experts * 4);
+    l.tile_offsets = a.Take(experts * 4);
+    l.tiles = a.Take(static_cast<size_t>(pairs) * 8);
+    l.num_tiles = a.Take(8);
+    l.sort_temp = a.Take(pair_sort_temp_bytes_);
+    l.acc = a.Take(static_cast<size_t>(tokens * dims_.hidden) * 4);
+    l.iota = a.Take(static_cast<size_t>(pairs) * 4);
+    l.h = a.Take(path_->HBytes(pairs));
+    l.y = a.Take(static_cast<size_t>(pairs * dims_.hidden) * 4);
+    l.total = a.Take(0);
+    return l;
+  }
+  // A call of num_tokens in pair chunks: outer chunks of at most max_outer_ tokens, each routed
+  // once, and ranges of as many pairs as the rest of the target holds (at least kMinChunkPairs,
+  // at most all of the outer chunk's).
+  static constexpr int64_t kMinChunkPairs = 256;
+  PairLayout PlanPairsFor(int64_t num_tokens) const {
+    const int64_t tokens = std::min(num_tokens, max_outer_);
+    const size_t fixed = PlanPairs(tokens, 0).total;
+    const int64_t fit = fixed < workspace_target_ ? static_cast<int64_t>((workspace_target_ - fixed) / pair_bytes_) : 0;
+    const int64_t all = tokens * dims_.top_k;
+    return PlanPairs(tokens, std::clamp<int64_t>(fit, std::min(kMinChunkPairs, all), all));
+  }
+  bool UsesPairChunks(int64_t num_tokens) const { return PairChunks().Get() && num_tokens > max_chunk_run_; }
+  Status RunPairChunks(const MoeInput& in, const MoeOutput& out, uint8_t* ws, cudaStream_t stream) const;
   RefLayout PlanRef(int64_t chunk) const {
     const size_t pairs = static_cast<size_t>(chunk * dims_.top_k);
     Arena a;
@@ -461,6 +538,9 @@ class CudaMoeImpl final : public CudaMoe {
   int key_bits_ = 1;
   size_t sort_temp_bytes_ = 0;
   int64_t max_chunk_run_ = 1, max_chunk_ref_ = 1;
+  size_t workspace_target_ = kWorkspaceTarget;
+  int64_t max_outer_ = 1;  // pair chunks: tokens routed at once
+  size_t pair_sort_temp_bytes_ = 0, pair_bytes_ = 1;
   DeviceBuffer errors_;  // the error word: one unsigned long long, bad expert ids seen
   bool debug_check_ = false;
   bool pageable_access_ = false;  // the device reads pageable host memory (HMM / ATS)
@@ -495,13 +575,20 @@ Status CudaMoeImpl::Init(const ExpertSet& experts, int device) {
 
   // Chunk bounds from the per-token growth of each layout (the sort's scratch is sized for the
   // largest chunk, found with a first plan without it).
+  if (const size_t t = g_workspace_target.load(); t > 0) workspace_target_ = t;
   auto per_token = [](size_t one, size_t two) { return std::max<size_t>(1, two - one); };
   const size_t run_token = per_token(PlanRun(1).total, PlanRun(2).total);
-  max_chunk_run_ = std::max<int64_t>(1, static_cast<int64_t>(kWorkspaceTarget / run_token));
+  max_chunk_run_ = std::max<int64_t>(1, static_cast<int64_t>(workspace_target_ / run_token));
   MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::SortTempBytes(max_chunk_run_ * dims_.top_k, &sort_temp_bytes_),
                                   "sizing the routing sort"));
   const size_t ref_token = per_token(PlanRef(1).total, PlanRef(2).total);
-  max_chunk_ref_ = std::max<int64_t>(1, static_cast<int64_t>(kWorkspaceTarget / ref_token));
+  max_chunk_ref_ = std::max<int64_t>(1, static_cast<int64_t>(workspace_target_ / ref_token));
+  // Pair chunks: the per-token buffers (routing, xq, the fp32 sums) take at most half the target.
+  const size_t pair_token = per_token(PlanPairs(1, 0).total, PlanPairs(2, 0).total);
+  pair_bytes_ = per_token(PlanPairs(1, 1).total, PlanPairs(1, 2).total);
+  max_outer_ = std::max<int64_t>(1, static_cast<int64_t>(workspace_target_ / 2 / pair_token));
+  MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::SortTempBytes(max_outer_ * dims_.top_k, &pair_sort_temp_bytes_),
+                                  "sizing the routing sort"));
   return Status::Ok();
 }
 
@@ -719,6 +806,10 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   DebugScope debug(*this, stream, "Run");
   MXMOE_RETURN_IF_ERROR(debug.Begin());
+  if (UsesPairChunks(t_count)) {
+    MXMOE_RETURN_IF_ERROR(RunPairChunks(in, out, static_cast<uint8_t*>(workspace), stream));
+    return debug.End();
+  }
   const int64_t k_dim = dims_.hidden, top_k = dims_.top_k, n_local = dims_.num_local;
   const cuda::LaunchChoice choice = cuda::ChooseLaunch(dims_, t_count, max_chunk_run_);
   const GemmChoice gemm = path_->Choose(choice);
@@ -737,6 +828,7 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
   const size_t out_elt = OutputDTypeSize(out.dtype);
   GemmCall call;
   call.chunk_tokens = choice.chunk_tokens;
+  call.pair_capacity = choice.chunk_tokens * top_k;
   call.xq = at(l.xq);
   call.h = at(l.h);
   call.y = y;
@@ -811,6 +903,106 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
                                     "combine kernel"));
   }
   return debug.End();
+}
+
+// A call in pair chunks (PlanPairsFor): per outer chunk of tokens, the input quantization and one
+// sort of all its pairs, then per range of sorted positions the tile list of the range, the GEMMs
+// on it (positions relative to the range: h and y hold its rows; FC2 takes the positions as its
+// pair ids, LaunchPairPositions) and a combine that adds the range's slots to the fp32 sums
+// (LaunchCombineRange). Every launch is asynchronous and sized on
+// the host from the call's shape, so the call can be captured in a CUDA graph; ranges past the
+// rank's pairs find no tiles.
+Status CudaMoeImpl::RunPairChunks(const MoeInput& in, const MoeOutput& out, uint8_t* ws, cudaStream_t stream) const {
+  const int64_t t_count = in.num_tokens, k_dim = dims_.hidden, top_k = dims_.top_k, n_local = dims_.num_local;
+  const PairLayout l = PlanPairsFor(t_count);
+  // The configs for the density of a whole outer chunk: a range holds whole runs of experts.
+  const GemmChoice gemm = path_->Choose(cuda::ChooseLaunch(dims_, l.tokens, l.tokens));
+  auto at = [ws](size_t off) { return ws + off; };
+  int32_t* keys_in = reinterpret_cast<int32_t*>(at(l.keys_in));
+  int32_t* keys_out = reinterpret_cast<int32_t*>(at(l.keys_out));
+  int32_t* vals_in = reinterpret_cast<int32_t*>(at(l.vals_in));
+  int32_t* vals_out = reinterpret_cast<int32_t*>(at(l.vals_out));
+  int32_t* pos_of_pair = reinterpret_cast<int32_t*>(at(l.pos_of_pair));
+  int32_t* offsets = reinterpret_cast<int32_t*>(at(l.offsets));
+  int32_t* tile_offsets = reinterpret_cast<int32_t*>(at(l.tile_offsets));
+  int2* tiles = reinterpret_cast<int2*>(at(l.tiles));
+  int32_t* num_tiles = reinterpret_cast<int32_t*>(at(l.num_tiles));
+  const size_t out_elt = OutputDTypeSize(out.dtype);
+  GemmCall call;
+  call.chunk_tokens = l.tokens;
+  call.pair_capacity = l.pairs;
+  call.xq = at(l.xq);
+  call.h = at(l.h);
+  call.y = reinterpret_cast<float*>(at(l.y));
+  call.fc2_pairs = reinterpret_cast<int32_t*>(at(l.iota));
+  call.expert_offsets = offsets;
+  call.tiles = tiles;
+  call.num_tiles = num_tiles;
+  call.top_k = static_cast<int32_t>(top_k);
+  call.experts = params_.As<ExpertParams>();
+  call.act = layout_.activation.type;
+  call.gate_bias = gate_bias_.As<float>();
+  call.up_bias = up_bias_.As<float>();
+
+  for (int64_t t0 = 0; t0 < t_count; t0 += l.tokens) {
+    const int64_t tc = std::min(l.tokens, t_count - t0), pairs = tc * top_k;
+    cuda::PrepareParams pp;
+    pp.num_tokens = tc;
+    pp.hidden = k_dim;
+    if (in.x_bf16) pp.x_bf16 = in.x_bf16 + t0 * k_dim;
+    if (in.x_e4m3) pp.x_e4m3 = in.x_e4m3 + t0 * k_dim;
+    if (in.x_scale) pp.x_scale = in.x_scale + t0 * (k_dim / kMxBlock);
+    path_->SetQuantOutput(call, &pp);
+    pp.topk_ids = in.topk_ids + t0 * top_k;
+    pp.top_k = static_cast<int32_t>(top_k);
+    pp.first_expert = first_expert_;
+    pp.num_local = static_cast<int32_t>(n_local);
+    pp.keys = keys_in;
+    pp.pair_ids = vals_in;
+    pp.num_experts = dims_.num_experts;
+    pp.bad_ids = errors_.As<unsigned long long>();
+    MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchPrepare(pp, stream), "input quantization / routing keys kernel"));
+    MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::SortPairs(at(l.sort_temp), pair_sort_temp_bytes_, keys_in, keys_out, vals_in,
+                                                    vals_out, pairs, key_bits_, stream),
+                                    "routing sort"));
+    float* sorted_weights = reinterpret_cast<float*>(at(l.sorted_weights));
+    MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchPairPositions(vals_out, in.topk_weights + t0 * top_k, pairs,
+                                                              pos_of_pair, sorted_weights,
+                                                              reinterpret_cast<int32_t*>(at(l.iota)),
+                                                              t0 == 0 ? l.pairs : 0, stream),
+                                    "routing positions kernel"));
+    call.topk_weights = in.topk_weights + t0 * top_k;
+    // As few ranges as the capacity allows, of equal length (no short last range: each range costs
+    // a pass of the combine over the sums of all the chunk's tokens).
+    const int64_t ranges = (pairs + l.pairs - 1) / l.pairs;
+    const int64_t step = (pairs + ranges - 1) / ranges;
+    for (int64_t p0 = 0; p0 < pairs; p0 += step) {
+      const int64_t n = std::min(step, pairs - p0);
+      // The range's own offsets and tiles, from its stretch of the sorted keys (skipped slots sort
+      // last, so a range past the rank's pairs has none).
+      MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchOffsetsAndTiles(keys_out + p0, n, static_cast<int32_t>(n_local),
+                                                                  gemm.tile_tokens, offsets, tile_offsets, tiles,
+                                                                  num_tiles, stream),
+                                      "routing offsets kernel"));
+      call.sorted_pairs = vals_out + p0;
+      call.fc2_weights = sorted_weights + p0;
+      call.max_tiles = std::min(n, (n + gemm.tile_tokens - 1) / gemm.tile_tokens + std::min(n_local, n));
+      MXMOE_RETURN_IF_ERROR(path_->LaunchGemms(gemm, call, stream));
+      cuda::CombineRange range;
+      range.pos_begin = p0;
+      range.pos_end = p0 + n;
+      range.first = p0 == 0;
+      range.last = p0 + n == pairs;
+      range.acc = reinterpret_cast<float*>(at(l.acc));
+      range.local_pairs = offsets + n_local;
+      MXMOE_RETURN_IF_ERROR(CudaCheck(
+          cuda::LaunchCombineRange(call.y, pos_of_pair, in.topk_ids + t0 * top_k, tc, static_cast<int32_t>(top_k),
+                                   k_dim, first_expert_, static_cast<int32_t>(n_local), range, out.dtype,
+                                   static_cast<uint8_t*>(out.data) + t0 * k_dim * out_elt, stream),
+          "combine kernel"));
+    }
+  }
+  return Status::Ok();
 }
 
 Status CudaMoeImpl::RunReference(const MoeInput& in, const MoeOutput& out, void* workspace,
@@ -967,5 +1159,13 @@ Status CudaMoe::Create(const ExpertSet& experts, int device, std::unique_ptr<Cud
   *out = std::move(impl);
   return Status::Ok();
 }
+
+namespace cuda {
+
+void SetPairChunks(bool on) { PairChunks().Set(on); }
+bool PairChunksEnabled() { return PairChunks().Get(); }
+void SetWorkspaceTarget(size_t bytes) { g_workspace_target.store(bytes); }
+
+}  // namespace cuda
 
 }  // namespace mxmoe

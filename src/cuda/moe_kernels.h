@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "cuda/sm120/weight_layout_sm120.h"
@@ -127,6 +128,44 @@ cudaError_t LaunchGatherRows(const uint16_t* xq, int64_t stride, int64_t hidden,
 cudaError_t LaunchCombine(const float* y, const int32_t* topk_ids, int64_t num_tokens,
                           int32_t top_k, int64_t hidden, int64_t first_expert, int32_t num_local,
                           OutputDType dtype, void* out, cudaStream_t stream);
+
+// ---- pair chunks (cuda_moe.cu; off by default) ------------------------------------------------
+// A call too large for the workspace in one piece runs either in token chunks (the default: each
+// chunk routes its own tokens, so every chunk streams the weights of every expert it touches) or,
+// with pair chunks on, routes all its tokens once and runs the GEMMs on consecutive ranges of the
+// sorted pairs: an expert's weights are streamed about once per call, and pairs of experts on other
+// ranks take no room (docs/perf-log.md, v17). MXMOE_PAIR_CHUNKS=1 (or 0) at start; SetPairChunks
+// for the tests.
+void SetPairChunks(bool on);
+bool PairChunksEnabled();
+// The workspace target of the CudaMoe objects created from now on (0: the default ~2 GiB), which
+// sets both chunkings' sizes; the tests make it small to chunk small calls.
+void SetWorkspaceTarget(size_t bytes);
+// For i < n: pos_of_pair[sorted_pairs[i]] = i and sorted_weights[i] = topk_weights[sorted_pairs[i]];
+// for i < iota_n: iota[i] = i. (FC2 of a range reads iota as its pair ids and the range's stretch of
+// sorted_weights as their router weights, and so writes y at the range's positions: the GEMM
+// kernels are the same as for token chunks.)
+cudaError_t LaunchPairPositions(const int32_t* sorted_pairs, const float* topk_weights, int64_t n,
+                                int32_t* pos_of_pair, float* sorted_weights, int32_t* iota, int64_t iota_n,
+                                cudaStream_t stream);
+// One range [pos_begin, pos_end) of sorted positions: acc[t] (+)= the sum over token t's valid
+// slots j whose position pos_of_pair[t*k + j] lies in the range, in slot order, of
+// y[pos - pos_begin] (fp32 rows written by FC2 at their positions). The first range starts from 0
+// instead of reading acc; the last writes out (the output dtype) instead of acc. One range that
+// is both gives LaunchCombine's sums bit for bit.
+struct CombineRange {
+  int64_t pos_begin = 0, pos_end = 0;
+  bool first = true, last = true;
+  float* acc = nullptr;  // [T, K] fp32, read unless first, written unless last
+  // The range's pairs of this rank (LaunchOffsetsAndTiles' expert_offsets[num_local]), or null: a
+  // range with none that is neither first nor last leaves acc as it is and launches for nothing
+  // (the ranges past an expert-parallel rank's pairs).
+  const int32_t* local_pairs = nullptr;
+};
+cudaError_t LaunchCombineRange(const float* y, const int32_t* pos_of_pair, const int32_t* topk_ids,
+                               int64_t num_tokens, int32_t top_k, int64_t hidden, int64_t first_expert,
+                               int32_t num_local, const CombineRange& range, OutputDType dtype, void* out,
+                               cudaStream_t stream);
 
 // ---- the fused grouped GEMMs (sm90/) ----------------------------------------------------------
 struct GemmParams {

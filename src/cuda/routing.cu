@@ -325,18 +325,27 @@ __global__ void __launch_bounds__(kThreads)
 // flight per thread; the sum still runs in slot order.
 constexpr int kCombineBatch = 8;
 
+// out[t] (or r.acc[t]) = the sum in slot order of token t's rows of y over its valid slots: y's row
+// t * k + j (kRange false: the whole call at once), or, for a range of sorted positions of a call in
+// pair chunks, the slots whose positions lie in it, at row position - r.pos_begin, added to
+// r.acc[t] unless r.first. (kRange false compiles to the kernel without ranges: 40 registers, not
+// 43, so more warps per SM for the call's only combine.)
+template <bool kRange>
 __global__ void __launch_bounds__(kThreads)
-    CombineKernel(const float* __restrict__ y, const int32_t* __restrict__ topk_ids, int64_t num_tokens,
-                  int32_t top_k, int64_t hidden, int64_t first_expert, int32_t num_local, OutputDType dtype,
+    CombineKernel(const float* __restrict__ y, const int32_t* __restrict__ pos_of_pair,
+                  const int32_t* __restrict__ topk_ids, int64_t num_tokens, int32_t top_k, int64_t hidden,
+                  int64_t first_expert, int32_t num_local, const CombineRange r, OutputDType dtype,
                   void* __restrict__ out) {
   ptx::EnterPipelineKernel();
   const int64_t per_row = hidden / 4;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (idx >= num_tokens * per_row) return;
+  if (kRange && !r.first && !r.last && r.local_pairs != nullptr && *r.local_pairs == 0) return;
   const int64_t t = idx / per_row, c4 = idx % per_row;
-  const float4* rows = reinterpret_cast<const float4*>(y) + t * top_k * per_row + c4;
+  const float4* rows = reinterpret_cast<const float4*>(y) + c4;
   // The reference's order: acc = 0, then acc += w_j * y_j for j = 0..k-1 (w_j * y_j is in y).
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (kRange && !r.first) acc = reinterpret_cast<const float4*>(r.acc)[idx];
   for (int j0 = 0; j0 < top_k; j0 += kCombineBatch) {
     float4 v[kCombineBatch];
     bool use[kCombineBatch];
@@ -345,7 +354,13 @@ __global__ void __launch_bounds__(kThreads)
       const int j = j0 + b;
       const int64_t local = j < top_k ? static_cast<int64_t>(topk_ids[t * top_k + j]) - first_expert : -1;
       use[b] = local >= 0 && local < num_local;  // ids of -1 and other ranks' experts add nothing
-      v[b] = use[b] ? __ldcs(rows + j * per_row) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      int64_t row = t * top_k + j;
+      if (kRange && use[b]) {
+        const int64_t pos = pos_of_pair[row];
+        use[b] = pos >= r.pos_begin && pos < r.pos_end;
+        row = pos - r.pos_begin;
+      }
+      v[b] = use[b] ? __ldcs(rows + row * per_row) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 #pragma unroll
     for (int b = 0; b < kCombineBatch; ++b) {
@@ -356,13 +371,29 @@ __global__ void __launch_bounds__(kThreads)
       acc.w += v[b].w;
     }
   }
-  if (dtype == OutputDType::kF32) {
+  if (kRange && !r.last) {
+    reinterpret_cast<float4*>(r.acc)[idx] = acc;
+  } else if (dtype == OutputDType::kF32) {
     reinterpret_cast<float4*>(out)[idx] = acc;
   } else {
     const uint32_t lo = float_to_bf16(acc.x) | (static_cast<uint32_t>(float_to_bf16(acc.y)) << 16);
     const uint32_t hi = float_to_bf16(acc.z) | (static_cast<uint32_t>(float_to_bf16(acc.w)) << 16);
     reinterpret_cast<uint2*>(out)[idx] = make_uint2(lo, hi);
   }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    PairPositionsKernel(const int32_t* __restrict__ sorted_pairs, const float* __restrict__ topk_weights, int64_t n,
+                        int32_t* __restrict__ pos_of_pair, float* __restrict__ sorted_weights,
+                        int32_t* __restrict__ iota, int64_t iota_n) {
+  ptx::EnterPipelineKernel();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < n) {
+    const int32_t pair = sorted_pairs[i];
+    pos_of_pair[pair] = static_cast<int32_t>(i);
+    sorted_weights[i] = topk_weights[pair];
+  }
+  if (i < iota_n) iota[i] = static_cast<int32_t>(i);
 }
 
 int64_t Blocks(int64_t threads) { return (threads + kThreads - 1) / kThreads; }
@@ -480,8 +511,32 @@ cudaError_t LaunchCombine(const float* y, const int32_t* topk_ids, int64_t num_t
                           OutputDType dtype, void* out, cudaStream_t stream) {
   const int64_t blocks = Blocks(num_tokens * hidden / 4);
   if (blocks == 0) return cudaSuccess;
-  return LaunchKernel(CombineKernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, y, topk_ids,
-                      num_tokens, top_k, hidden, first_expert, num_local, dtype, out);
+  return LaunchKernel(CombineKernel<false>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, y,
+                      static_cast<const int32_t*>(nullptr), topk_ids, num_tokens, top_k, hidden, first_expert,
+                      num_local, CombineRange{}, dtype, out);
+}
+
+cudaError_t LaunchPairPositions(const int32_t* sorted_pairs, const float* topk_weights, int64_t n,
+                                int32_t* pos_of_pair, float* sorted_weights, int32_t* iota, int64_t iota_n,
+                                cudaStream_t stream) {
+  const int64_t blocks = Blocks(n > iota_n ? n : iota_n);
+  if (blocks == 0) return cudaSuccess;
+  if (n > INT32_MAX || iota_n > INT32_MAX) return cudaErrorInvalidValue;
+  return LaunchKernel(PairPositionsKernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream,
+                      sorted_pairs, topk_weights, n, pos_of_pair, sorted_weights, iota, iota_n);
+}
+
+cudaError_t LaunchCombineRange(const float* y, const int32_t* pos_of_pair, const int32_t* topk_ids,
+                               int64_t num_tokens, int32_t top_k, int64_t hidden, int64_t first_expert,
+                               int32_t num_local, const CombineRange& range, OutputDType dtype, void* out,
+                               cudaStream_t stream) {
+  const int64_t blocks = Blocks(num_tokens * hidden / 4);
+  if (blocks == 0) return cudaSuccess;
+  if (range.pos_begin < 0 || range.pos_end < range.pos_begin || ((!range.first || !range.last) && range.acc == nullptr))
+    return cudaErrorInvalidValue;
+  if (pos_of_pair == nullptr) return cudaErrorInvalidValue;
+  return LaunchKernel(CombineKernel<true>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, y,
+                      pos_of_pair, topk_ids, num_tokens, top_k, hidden, first_expert, num_local, range, dtype, out);
 }
 
 }  // namespace mxmoe::cuda

@@ -12,6 +12,7 @@
 #include "common/compare.h"
 #include "common/moe_run.h"
 #include "common/random.h"
+#include "cuda/heuristics.h"
 #include "cuda/moe_kernels.h"
 #include "cuda/weight_layout.h"
 #include "gpu/gpu_harness.h"
@@ -599,6 +600,129 @@ TEST(CudaMoeSlices, ExpertAndTensorParallelSumToTheFullLayer) {
   both.ep_rank = 2;
   ExpertSet set = SyntheticSet(s, act, seed, both);
   EXPECT_TRUE(MoeCloseF32(RunSlice(s, act, seed, both, in), CpuF32(set, in, true), {in.num_tokens, s.hidden}, s.top_k * s.intermediate / 2));
+}
+
+// ---- chunked calls: token chunks and pair chunks ------------------------------------------------
+// A small workspace target makes calls of a few hundred tokens chunk on small layers; pair chunks
+// (MXMOE_PAIR_CHUNKS) then route each outer chunk once and run ranges of its sorted pairs that
+// cut through experts' runs. Restores the defaults when it goes.
+struct ChunkSettings {
+  ChunkSettings(size_t workspace_target, bool pair_chunks, int config = -1) : pairs_before(cuda::PairChunksEnabled()) {
+    cuda::SetWorkspaceTarget(workspace_target);
+    cuda::SetPairChunks(pair_chunks);
+    cuda::ForceGemmConfig(config);
+  }
+  ~ChunkSettings() {
+    cuda::SetWorkspaceTarget(0);
+    cuda::SetPairChunks(pairs_before);
+    cuda::ForceGemmConfig(-1);
+  }
+  const bool pairs_before;
+};
+
+TEST(CudaMoeChunks, TokenAndPairChunksMatchReference) {
+  MXMOE_REQUIRE_SM90();
+  const LayerShape s{16, 256, 160, 4};
+  const ActivationSpec act = SpecFor(ActivationType::Situ, s.num_experts);
+  // The heuristics' config, an mma.sync one that gathers its tokens itself and a wgmma one that
+  // reads them gathered in sorted order (LaunchGatherRows on each range).
+  const int configs[] = {-1, static_cast<int>(cuda::GemmConfigId::kN32), static_cast<int>(cuda::GemmConfigId::kWg128d3x3)};
+  uint64_t seed = 700;
+  for (size_t target : {size_t{256} << 10, size_t{1} << 20}) {
+    for (int config : configs) {
+      for (bool pairs : {false, true}) {
+        ChunkSettings chunked(target, pairs, config);
+        ExpertSet set = SyntheticSet(s, act, ++seed);
+        auto moe = MakeCudaMoe(set);
+        ASSERT_TRUE(moe);
+        for (RoutingPattern pat : {RoutingPattern::kUniform, RoutingPattern::kHeavyHitters, RoutingPattern::kWithInvalid}) {
+          for (int64_t t : {1, 150, 600}) {
+            const std::string plan = moe->Plan(t);
+            SCOPED_TRACE("target " + std::to_string(target) + " config " + std::to_string(config) + " " +
+                         RoutingPatternName(pat) + " T=" + std::to_string(t) + ": " + plan);
+            // T = 600 chunks at both targets (the point of the test), T = 1 never.
+            if (t == 600) EXPECT_NE(plan.find(pairs ? "pair chunks" : " chunks"), std::string::npos);
+            if (t == 1) EXPECT_EQ(plan.find("chunks"), std::string::npos);
+            const SyntheticInput in = Input(s, t, pat, ++seed);
+            DeviceCase dc(*moe, in);
+            const std::vector<int64_t> dims{t, s.hidden};
+            const auto f32 = dc.RunF32();
+            EXPECT_TRUE(MoeCloseF32(f32, CpuF32(set, in, true), dims, s.top_k * s.intermediate));
+            EXPECT_TRUE(MoeCloseBf16(dc.RunBf16(), CpuBf16(set, in, true), dims, s.top_k * s.intermediate));
+            EXPECT_TRUE(BitwiseEqual(dc.RunF32(), f32, dims));  // fixed order: runs repeat bit for bit
+          }
+        }
+      }
+    }
+  }
+}
+
+// Pair chunks on an expert-parallel slice: the other ranks' pairs sort last, so the last ranges
+// have no tiles (and the combine skips those in the middle: 5 ranges of ~270 positions per outer
+// chunk of ~340 tokens here, a quarter of them local). Against the CPU reference of the slice, and
+// the slices' sum against the full layer.
+TEST(CudaMoeChunks, PairChunksOnExpertSlicesMatchReference) {
+  MXMOE_REQUIRE_SM90();
+  const LayerShape s{16, 256, 160, 4};
+  const ActivationSpec act = SpecFor(ActivationType::Swiglu, s.num_experts);
+  const uint64_t seed = 731;
+  const SyntheticInput in = Input(s, 600, RoutingPattern::kUniform, 732);
+  ChunkSettings chunked(size_t{1} << 20, true);
+  std::vector<float> full, sum(static_cast<size_t>(in.num_tokens * s.hidden), 0.0f);
+  {
+    ExpertSet set = SyntheticSet(s, act, seed);
+    auto moe = MakeCudaMoe(set);
+    ASSERT_TRUE(moe);
+    DeviceCase dc(*moe, in);
+    full = dc.RunF32();
+  }
+  for (int r = 0; r < 4; ++r) {
+    ParallelSlice slice;
+    slice.ep_size = 4;
+    slice.ep_rank = r;
+    ExpertSet set = SyntheticSet(s, act, seed, slice);
+    auto moe = MakeCudaMoe(set);
+    ASSERT_TRUE(moe);
+    EXPECT_NE(moe->Plan(in.num_tokens).find("pair chunks"), std::string::npos) << moe->Plan(in.num_tokens);
+    DeviceCase dc(*moe, in);
+    const auto part = dc.RunF32();
+    EXPECT_TRUE(MoeCloseF32(part, CpuF32(set, in, true), {in.num_tokens, s.hidden}, s.top_k * s.intermediate))
+        << "EP rank " << r;
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
+  }
+  EXPECT_TRUE(AllClose(sum, full, SliceTol(full), {in.num_tokens, s.hidden}));
+}
+
+// A call in pair chunks captured in a CUDA graph and replayed on new inputs equals the eager run.
+TEST(CudaMoeChunks, PairChunksReplayFromAGraph) {
+  MXMOE_REQUIRE_SM90();
+  const LayerShape s{16, 256, 160, 4};
+  ChunkSettings chunked(size_t{1} << 20, true);
+  ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 741);
+  auto moe = MakeCudaMoe(set);
+  ASSERT_TRUE(moe);
+  const int64_t t = 600;
+  ASSERT_NE(moe->Plan(t).find("pair chunks"), std::string::npos) << moe->Plan(t);
+  DeviceCase dc(*moe, Input(s, t, RoutingPattern::kUniform, 742));
+  cudaStream_t stream;
+  MXMOE_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  MXMOE_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const Status st = dc.Launch(OutputDType::kBF16, false, stream);
+  MXMOE_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  cudaGraphExec_t exec;
+  MXMOE_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  dc.Upload(Input(s, t, RoutingPattern::kHeavyHitters, 743));
+  dc.Poison(stream);
+  MXMOE_CUDA_OK(cudaGraphLaunch(exec, stream));
+  MXMOE_CUDA_OK(cudaStreamSynchronize(stream));
+  const auto replayed = dc.Fetch<uint16_t>();
+  EXPECT_TRUE(AllWritten(replayed, {t, s.hidden}));
+  EXPECT_TRUE(BitwiseEqualBf16(replayed, dc.RunBf16(), {t, s.hidden}));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
 }
 
 // ---- determinism and graphs ---------------------------------------------------------------------
