@@ -4,7 +4,7 @@ kernels of src/cuda/sm120/, from their tile counts, bytes and the block-scaled M
 Prints the arithmetic behind every number, so that the first run on real hardware can be judged
 against it (docs/sm120.md). Standard library only.
 
-    python3 scripts/sm120_perf_model.py [--tokens 1,8,32,1024,16384] [--markdown]
+    python3 scripts/sm120_perf_model.py [--tokens 1,8,32,1024,16384] [--markdown] [--pair-chunks]
 
 Model (each assumption is named where it is used):
   * Routing: uniform, k distinct experts per token (the benchmark's `uniform`). The number of
@@ -22,6 +22,13 @@ Model (each assumption is named where it is used):
     Every MMA a CTA issues counts, padding tokens included.
   * A GEMM takes max(DRAM time, MMA time): the cp.async pipeline overlaps the two. The routing
     kernels (quantize, CUB sort, offsets) and the combine add a fixed latency per chunk.
+  * --pair-chunks (MXMOE_PAIR_CHUNKS=1, cuda_moe.cu's RunPairChunks): a call too large for one
+    chunk routes all its tokens once (per-token buffers at most half the target) and runs ranges of
+    its sorted pairs, as long as the rest of the target allows and of equal length. An expert's
+    weights are read once per call, and once more per range boundary that cuts it (range - 1
+    experts); its tiles are counted at the call's density. Each range's combine reads its y rows
+    and reads and writes the fp32 sums of all the tokens (the first only writes them, the last
+    only reads them and writes the output); each range adds the fixed latency.
 """
 import argparse
 import math
@@ -127,6 +134,67 @@ def model(tokens):
                 roof_s=max(roof_bytes / DRAM_BPS, flop / (MMA_RATE * MMA_FLOP)))
 
 
+def pair_chunking(tokens):
+    """RunPairChunks' plan for the SM120 path (PlanPairs / PlanPairsFor): (outer tokens, ranges per
+    outer chunk, range length) and the per-token and per-pair bytes."""
+    xs, hs = round_up(K, KTILE), round_up(I, KTILE)
+    per_token = (xs + xs // 32) + 6 * TOPK * 4 + K * 4  # xq, keys / values / positions / weights, sums
+    per_pair = (hs + hs // 32) + K * 4 + 4 + 8           # h, y, the FC2 pair ids, the tile list
+    outer = min(tokens, max(1, WORKSPACE_TARGET // 2 // per_token))
+    fit = (WORKSPACE_TARGET - outer * per_token) // per_pair
+    pairs = outer * TOPK
+    cap = min(max(fit, min(256, pairs)), pairs)
+    ranges = -(-pairs // cap)
+    return outer, ranges, -(-pairs // ranges), per_token, per_pair
+
+
+def model_pairs(tokens):
+    """The same layer in pair chunks (only differs from model() for calls that chunk)."""
+    if chunking(tokens)[0] == 1:
+        return model(tokens)
+    outer, ranges, step, per_token, per_pair = pair_chunking(tokens)
+    outers = -(-tokens // outer)
+    w13_bytes, w2_bytes = expert_bytes()
+    p = TOPK / E
+    touched_frac, _ = binomial_expectations(outer, p, 1)
+    touched = E * touched_frac
+    pairs = outer * TOPK
+    ppe = pairs / touched
+    cfg = choose(ppe)
+    block_m, block_n = CONFIGS[cfg]
+    _, tiles_per_expert = binomial_expectations(outer, p, block_m)
+    tiles = E * tiles_per_expert + (ranges - 1)  # a cut expert's run gives one more tile
+    n_blocks13 = -(-(2 * I) // block_n)
+    n_blocks2 = -(-K // block_n)
+    mma13 = tiles * (block_m // 16) * (2 * I // 8) * (round_up(K, KTILE) // 32)
+    mma2 = tiles * (block_m // 16) * (K // 8) * (round_up(I, KTILE) // 32)
+    t_mma13, t_mma2 = mma13 / MMA_RATE, mma2 / MMA_RATE
+    xs, hs = round_up(K, KTILE), round_up(I, KTILE)
+    read = touched + (ranges - 1)  # experts' weights read, boundaries twice
+    b_w13, b_w2 = read * w13_bytes, read * w2_bytes
+    b_act13 = outer * (xs + xs // 32) + pairs * (hs + hs // 32)
+    b_act2 = pairs * (hs + hs // 32) + pairs * K * 4
+    b_prep = outer * K * 2 + outer * (xs + xs // 32)
+    b_sums = (2 * ranges - 2) * outer * K * 4  # first writes, middle ranges read and write, last reads
+    b_comb = pairs * K * 4 + outer * K * 2 + b_sums
+    # With several ranges the GEMMs of a range overlap nothing of the next: max(DRAM, MMA) per range.
+    t13 = sum(max((b_w13 + b_act13) / ranges / DRAM_BPS, t_mma13 / ranges) for _ in range(ranges))
+    t2 = sum(max((b_w2 + b_act2) / ranges / DRAM_BPS, t_mma2 / ranges) for _ in range(ranges))
+    t_other = (b_prep + b_comb) / DRAM_BPS + FIXED_PER_CHUNK_S * ranges
+    total = outers * (t13 + t2 + t_other)
+    flop = 2 * tokens * TOPK * 3 * K * I
+    roof_bytes = E * (1 - (1 - p) ** tokens) * (w13_bytes + w2_bytes)
+    return dict(tokens=tokens, chunks=outers * ranges, chunk=outer, per_token=per_token, touched=touched, ppe=ppe,
+                cfg=cfg, block_m=block_m, block_n=block_n, tiles=tiles, ctas13=tiles * n_blocks13 / ranges,
+                ctas2=tiles * n_blocks2 / ranges, n_blocks13=n_blocks13, n_blocks2=n_blocks2, mma13=mma13, mma2=mma2,
+                t_mma13=t_mma13 / ranges, t_mma2=t_mma2 / ranges, b_w13=b_w13 / ranges, b_w2=b_w2 / ranges,
+                b_act13=b_act13 / ranges, b_act2=b_act2 / ranges, b_prep=b_prep / ranges, b_comb=b_comb / ranges,
+                t13=t13 / ranges, t2=t2 / ranges, t_other=t_other / ranges, total=total, flop=flop,
+                useful_mma=(pairs * 3 * K * I * 2 / MMA_FLOP) / (mma13 + mma2), roof_bytes=roof_bytes,
+                roof_s=max(roof_bytes / DRAM_BPS, flop / (MMA_RATE * MMA_FLOP)), ranges=ranges, step=step,
+                per_pair=per_pair)
+
+
 def us(s):
     return f"{s * 1e6:,.0f} us" if s < 1e-2 else f"{s * 1e3:,.2f} ms"
 
@@ -139,8 +207,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", default="1,8,32,1024,16384")
     ap.add_argument("--markdown", action="store_true", help="only the summary table, as Markdown")
+    ap.add_argument("--pair-chunks", action="store_true", help="calls that chunk run in pair chunks (MXMOE_PAIR_CHUNKS=1)")
     args = ap.parse_args()
-    rows = [model(int(t)) for t in args.tokens.split(",")]
+    rows = [(model_pairs if args.pair_chunks else model)(int(t)) for t in args.tokens.split(",")]
     w13_bytes, w2_bytes = expert_bytes()
     if not args.markdown:
         print(f"machine: {SMS} SMs, {DRAM_BPS / 1e12:.2f} TB/s, MMA m16n8k32 mxf8f6f4: {CLK_PER_MMA_PER_SMSP} clk/SMSP "
@@ -148,14 +217,21 @@ def main():
         print(f"layer: E={E} K={K} I={I} k={TOPK}; per expert W13 {w13_bytes:,} B + W2 {w2_bytes:,} B "
               f"= {(w13_bytes + w2_bytes) / 1e6:.2f} MB")
         for r in rows:
-            print(f"\nT = {r['tokens']}: {r['chunks']} chunk(s) of {r['chunk']} tokens "
-                  f"(workspace {r['per_token']:,} B/token, 2 GiB target)")
+            if "ranges" in r:
+                print(f"\nT = {r['tokens']}: pair chunks: {r['chunks']} range(s) of {r['step']} pairs, outer chunks of "
+                      f"{r['chunk']} tokens ({r['per_token']:,} B/token, {r['per_pair']:,} B/pair, 2 GiB target); "
+                      "per range:")
+            else:
+                print(f"\nT = {r['tokens']}: {r['chunks']} chunk(s) of {r['chunk']} tokens "
+                      f"(workspace {r['per_token']:,} B/token, 2 GiB target)")
             print(f"  touched experts E*(1-(1-k/E)^T) = {r['touched']:.1f}; pairs/expert = {r['chunk'] * TOPK}/"
                   f"{r['touched']:.1f} = {r['ppe']:.2f} -> config {r['cfg']} (BLOCK_M {r['block_m']}, "
                   f"BLOCK_N {r['block_n']})")
-            print(f"  token tiles sum_e E[ceil(n_e/{r['block_m']})] = {r['tiles']:.1f}; CTAs FC1 {r['tiles']:.1f} x "
+            per = r.get("ranges", 1)
+            print(f"  token tiles sum_e E[ceil(n_e/{r['block_m']})] = {r['tiles']:.1f}; CTAs FC1 {r['tiles'] / per:.1f} x "
                   f"{r['n_blocks13']} = {r['ctas13']:,.0f}, FC2 x {r['n_blocks2']} = {r['ctas2']:,.0f}")
-            print(f"  FC1: weights {r['touched']:.1f} x {w13_bytes:,} = {gb(r['b_w13'])} + activations "
+            weights = "" if "ranges" in r else f"{r['touched']:.1f} x {w13_bytes:,} = "
+            print(f"  FC1: weights {weights}{gb(r['b_w13'])} + activations "
                   f"{gb(r['b_act13'])} -> {us((r['b_w13'] + r['b_act13']) / DRAM_BPS)}; MMAs {r['mma13']:,.0f} -> "
                   f"{us(r['t_mma13'])}; takes {us(r['t13'])}")
             print(f"  FC2: weights {gb(r['b_w2'])} + activations {gb(r['b_act2'])} -> "
