@@ -402,12 +402,13 @@ class CudaMoeImpl final : public CudaMoe {
   Status Init(const ExpertSet& experts, int device);
 
   // The larger of what the call needs in token chunks and in pair chunks (whichever is on when it
-  // runs), and of the unfused reference's.
+  // runs), and of the unfused reference's. Non-decreasing in max_tokens, as each of the three is:
+  // a workspace sized for T serves every call of fewer tokens (CheckCall asks for this size).
   size_t WorkspaceSize(int64_t max_tokens) const override {
     if (max_tokens <= 0) return 0;
     size_t need = std::max(PlanRun(std::min(max_tokens, max_chunk_run_)).total,
                            PlanRef(std::min(max_tokens, max_chunk_ref_)).total);
-    if (max_tokens > max_chunk_run_) need = std::max(need, PlanPairsFor(max_tokens).total);
+    if (max_tokens > max_chunk_run_) need = std::max(need, PairWorkspace(max_tokens));
     return need;
   }
   std::string Plan(int64_t num_tokens) const override {
@@ -415,9 +416,10 @@ class CudaMoeImpl final : public CudaMoe {
     if (UsesPairChunks(num_tokens)) {
       const PairLayout l = PlanPairsFor(num_tokens);
       const cuda::LaunchChoice choice = cuda::ChooseLaunch(dims_, l.tokens, l.tokens);
-      const int64_t outer = (num_tokens + l.tokens - 1) / l.tokens;
-      const int64_t inner = (l.tokens * dims_.top_k + l.pairs - 1) / l.pairs;
-      return path_->Choose(choice).name + " x" + std::to_string(outer * inner) + " pair chunks";
+      int64_t ranges = 0;
+      for (int64_t t0 = 0; t0 < num_tokens; t0 += l.tokens)
+        ranges += (std::min(l.tokens, num_tokens - t0) * dims_.top_k + l.pairs - 1) / l.pairs;
+      return path_->Choose(choice).name + " x" + std::to_string(ranges) + " pair chunks";
     }
     const cuda::LaunchChoice choice = cuda::ChooseLaunch(dims_, num_tokens, max_chunk_run_);
     std::string plan = path_->Choose(choice).name;
@@ -503,14 +505,23 @@ class CudaMoeImpl final : public CudaMoe {
   }
   // A call of num_tokens in pair chunks: outer chunks of at most max_outer_ tokens, each routed
   // once, and ranges of as many pairs as the rest of the target holds (at least kMinChunkPairs,
-  // at most all of the outer chunk's).
+  // at most all of the outer chunk's). A pair takes pair_bytes_ exactly, and the four buffers sized
+  // by pairs round their starts up by less than 256 bytes each, so the plan stays within the target
+  // whenever the ranges are shorter than the outer chunk's pairs.
   static constexpr int64_t kMinChunkPairs = 256;
   PairLayout PlanPairsFor(int64_t num_tokens) const {
     const int64_t tokens = std::min(num_tokens, max_outer_);
-    const size_t fixed = PlanPairs(tokens, 0).total;
+    const size_t fixed = PlanPairs(tokens, 0).total + 4 * 256;
     const int64_t fit = fixed < workspace_target_ ? static_cast<int64_t>((workspace_target_ - fixed) / pair_bytes_) : 0;
     const int64_t all = tokens * dims_.top_k;
     return PlanPairs(tokens, std::clamp<int64_t>(fit, std::min(kMinChunkPairs, all), all));
+  }
+  // What WorkspaceSize counts for pair chunks: the plan's size, or the target when the ranges are
+  // shorter than the outer chunk's pairs (the plan is then within the target, but its size falls
+  // as num_tokens grows: more per-token buffers, shorter ranges).
+  size_t PairWorkspace(int64_t num_tokens) const {
+    const PairLayout l = PlanPairsFor(num_tokens);
+    return l.pairs < l.tokens * dims_.top_k ? std::max(l.total, workspace_target_) : l.total;
   }
   bool UsesPairChunks(int64_t num_tokens) const { return PairChunks().Get() && num_tokens > max_chunk_run_; }
   Status RunPairChunks(const MoeInput& in, const MoeOutput& out, uint8_t* ws, cudaStream_t stream) const;
@@ -585,7 +596,8 @@ Status CudaMoeImpl::Init(const ExpertSet& experts, int device) {
   max_chunk_ref_ = std::max<int64_t>(1, static_cast<int64_t>(workspace_target_ / ref_token));
   // Pair chunks: the per-token buffers (routing, xq, the fp32 sums) take at most half the target.
   const size_t pair_token = per_token(PlanPairs(1, 0).total, PlanPairs(2, 0).total);
-  pair_bytes_ = per_token(PlanPairs(1, 1).total, PlanPairs(1, 2).total);
+  // (Exactly, not by the plans' difference: the 256-byte rounding hides small growths.)
+  pair_bytes_ = 8 + 4 + path_->HBytes(1) + static_cast<size_t>(dims_.hidden) * 4;  // tiles, FC2's ids, h, y
   max_outer_ = std::max<int64_t>(1, static_cast<int64_t>(workspace_target_ / 2 / pair_token));
   MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::SortTempBytes(max_outer_ * dims_.top_k, &pair_sort_temp_bytes_),
                                   "sizing the routing sort"));

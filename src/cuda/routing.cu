@@ -343,7 +343,8 @@ __global__ void __launch_bounds__(kThreads)
   if (kRange && !r.first && !r.last && r.local_pairs != nullptr && *r.local_pairs == 0) return;
   const int64_t t = idx / per_row, c4 = idx % per_row;
   const float4* rows = reinterpret_cast<const float4*>(y) + c4;
-  // The reference's order: acc = 0, then acc += w_j * y_j for j = 0..k-1 (w_j * y_j is in y).
+  // The reference's order: acc = 0, then acc += w_j * y_j for j = 0..k-1 (w_j * y_j is in y); with
+  // ranges, the same over each range's slots, range after range.
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   if (kRange && !r.first) acc = reinterpret_cast<const float4*>(r.acc)[idx];
   for (int j0 = 0; j0 < top_k; j0 += kCombineBatch) {

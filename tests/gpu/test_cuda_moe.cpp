@@ -658,9 +658,9 @@ TEST(CudaMoeChunks, TokenAndPairChunksMatchReference) {
 }
 
 // Pair chunks on an expert-parallel slice: the other ranks' pairs sort last, so the last ranges
-// have no tiles (and the combine skips those in the middle: 5 ranges of ~270 positions per outer
-// chunk of ~340 tokens here, a quarter of them local). Against the CPU reference of the slice, and
-// the slices' sum against the full layer.
+// have no tiles (and the combine skips those in the middle: here ~4 ranges per outer chunk, a
+// quarter of the pairs local). Against the CPU reference of the slice, and the slices' sum against
+// the full layer.
 TEST(CudaMoeChunks, PairChunksOnExpertSlicesMatchReference) {
   MXMOE_REQUIRE_SM90();
   const LayerShape s{16, 256, 160, 4};
@@ -720,9 +720,39 @@ TEST(CudaMoeChunks, PairChunksReplayFromAGraph) {
   const auto replayed = dc.Fetch<uint16_t>();
   EXPECT_TRUE(AllWritten(replayed, {t, s.hidden}));
   EXPECT_TRUE(BitwiseEqualBf16(replayed, dc.RunBf16(), {t, s.hidden}));
+  EXPECT_TRUE(MoeCloseBf16(replayed, dc.RunBf16(/*reference=*/true), {t, s.hidden}, s.top_k * s.intermediate));
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// A workspace of WorkspaceSize(T) serves every call of fewer tokens, in token and in pair chunks:
+// the size never falls as T grows (the pair chunks' plan does: more per-token buffers, shorter
+// ranges), and calls of 1..T tokens run in it.
+TEST(CudaMoeChunks, WorkspaceForTServesFewerTokens) {
+  MXMOE_REQUIRE_SM90();
+  const LayerShape s{16, 256, 160, 4};
+  ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 751);
+  for (size_t target : {size_t{256} << 10, size_t{1} << 20}) {
+    for (bool pairs : {false, true}) {
+      ChunkSettings chunked(target, pairs);
+      auto moe = MakeCudaMoe(set);
+      ASSERT_TRUE(moe);
+      for (int64_t t = 1; t < 2000; ++t) ASSERT_LE(moe->WorkspaceSize(t), moe->WorkspaceSize(t + 1)) << "T = " << t;
+      const SyntheticInput big = Input(s, 600, RoutingPattern::kUniform, 752);
+      DeviceCase dc(*moe, big);  // its workspace: WorkspaceSize(600)
+      for (int64_t t : {1, 37, 171, 172, 340, 341, 599}) {
+        SCOPED_TRACE("target " + std::to_string(target) + (pairs ? " pair" : " token") + " chunks, T = " + std::to_string(t));
+        const SyntheticInput in = Input(s, t, RoutingPattern::kHeavyHitters, 753 + t);
+        DeviceCase small(*moe, in);
+        MoeInput call = small.Input();
+        const Status st = moe->Run(call, small.Output(OutputDType::kF32), dc.workspace(), dc.workspace_bytes(), nullptr);
+        ASSERT_TRUE(st.ok()) << st.ToString();
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_TRUE(MoeCloseF32(small.Fetch<float>(), CpuF32(set, in, true), {t, s.hidden}, s.top_k * s.intermediate));
+      }
+    }
+  }
 }
 
 // ---- determinism and graphs ---------------------------------------------------------------------
