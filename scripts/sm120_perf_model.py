@@ -94,8 +94,10 @@ def choose(pairs_per_expert):
     return "m16" if pairs_per_expert <= 16.0 else "m64"
 
 
-def model(tokens):
-    chunks, chunk, per_token = chunking(tokens)
+def chunk_terms(chunk, extra_tiles=0, extra_reads=0):
+    """One chunk of `chunk` tokens routed as a whole: its config, tiles, MMAs and DRAM bytes.
+    extra_tiles / extra_reads: pair chunks' experts cut by a range boundary (one more tile, their
+    weights read once more)."""
     w13_bytes, w2_bytes = expert_bytes()
     p = TOPK / E
     touched_frac, _ = binomial_expectations(chunk, p, 1)
@@ -105,33 +107,47 @@ def model(tokens):
     cfg = choose(ppe)
     block_m, block_n = CONFIGS[cfg]
     _, tiles_per_expert = binomial_expectations(chunk, p, block_m)
-    tiles = E * tiles_per_expert  # expected token tiles in the chunk
+    tiles = E * tiles_per_expert + extra_tiles  # expected token tiles in the chunk
     n_blocks13 = -(-(2 * I) // block_n)
     n_blocks2 = -(-K // block_n)
     # MMAs: per tile (BLOCK_M / 16) x (rows / 8) x (K / 32); the weight rows are whole groups here.
     mma13 = tiles * (block_m // 16) * (2 * I // 8) * (round_up(K, KTILE) // 32)
     mma2 = tiles * (block_m // 16) * (K // 8) * (round_up(I, KTILE) // 32)
-    t_mma13, t_mma2 = mma13 / MMA_RATE, mma2 / MMA_RATE
     # DRAM bytes of one chunk.
     xs, hs = round_up(K, KTILE), round_up(I, KTILE)
-    b_w13, b_w2 = touched * w13_bytes, touched * w2_bytes
-    b_act13 = chunk * (xs + xs // 32) + pairs * (hs + hs // 32)  # xq read once from DRAM, h written
-    b_act2 = pairs * (hs + hs // 32) + pairs * K * 4             # h read, y written
-    b_prep = chunk * K * 2 + chunk * (xs + xs // 32)             # x read, xq written
-    b_comb = pairs * K * 4 + chunk * K * 2                       # y read, bf16 out written
-    t13 = max((b_w13 + b_act13) / DRAM_BPS, t_mma13)
-    t2 = max((b_w2 + b_act2) / DRAM_BPS, t_mma2)
-    t_other = (b_prep + b_comb) / DRAM_BPS + FIXED_PER_CHUNK_S
-    total = chunks * (t13 + t2 + t_other)
+    read = touched + extra_reads
+    return dict(chunk=chunk, touched=touched, pairs=pairs, ppe=ppe, cfg=cfg, block_m=block_m, block_n=block_n,
+                tiles=tiles, n_blocks13=n_blocks13, n_blocks2=n_blocks2, mma13=mma13, mma2=mma2,
+                b_w13=read * w13_bytes, b_w2=read * w2_bytes,
+                b_act13=chunk * (xs + xs // 32) + pairs * (hs + hs // 32),  # xq read once from DRAM, h written
+                b_act2=pairs * (hs + hs // 32) + pairs * K * 4,             # h read, y written
+                b_prep=chunk * K * 2 + chunk * (xs + xs // 32),             # x read, xq written
+                b_comb=pairs * K * 4 + chunk * K * 2)                       # y read, bf16 out written
+
+
+def finish(r, tokens, parts, fixed_per_part):
+    """The call's times from a chunk's terms r, run as `parts` equal parts (chunks, or ranges of one
+    outer chunk); every per-part quantity in r is divided by parts."""
+    w13_bytes, w2_bytes = expert_bytes()
+    per = {k: r[k] / parts for k in ("mma13", "mma2", "b_w13", "b_w2", "b_act13", "b_act2", "b_prep", "b_comb")}
+    t_mma13, t_mma2 = per["mma13"] / MMA_RATE, per["mma2"] / MMA_RATE
+    t13 = max((per["b_w13"] + per["b_act13"]) / DRAM_BPS, t_mma13)
+    t2 = max((per["b_w2"] + per["b_act2"]) / DRAM_BPS, t_mma2)
+    t_other = (per["b_prep"] + per["b_comb"]) / DRAM_BPS + fixed_per_part
     flop = 2 * tokens * TOPK * 3 * K * I
-    roof_bytes = E * (1 - (1 - p) ** tokens) * (w13_bytes + w2_bytes)
-    return dict(tokens=tokens, chunks=chunks, chunk=chunk, per_token=per_token, touched=touched, ppe=ppe, cfg=cfg,
-                block_m=block_m, block_n=block_n, tiles=tiles, ctas13=tiles * n_blocks13, ctas2=tiles * n_blocks2,
-                n_blocks13=n_blocks13, n_blocks2=n_blocks2, mma13=mma13, mma2=mma2, t_mma13=t_mma13, t_mma2=t_mma2,
-                b_w13=b_w13, b_w2=b_w2, b_act13=b_act13, b_act2=b_act2, b_prep=b_prep, b_comb=b_comb, t13=t13,
-                t2=t2, t_other=t_other, total=total, flop=flop, useful_mma=(mma13 + mma2) and
-                (pairs * 3 * K * I * 2 / MMA_FLOP) / (mma13 + mma2), roof_bytes=roof_bytes,
-                roof_s=max(roof_bytes / DRAM_BPS, flop / (MMA_RATE * MMA_FLOP)))
+    roof_bytes = E * (1 - (1 - TOPK / E) ** tokens) * (w13_bytes + w2_bytes)
+    r.update(per, tokens=tokens, ctas13=r["tiles"] / parts * r["n_blocks13"], ctas2=r["tiles"] / parts * r["n_blocks2"],
+             t_mma13=t_mma13, t_mma2=t_mma2, t13=t13, t2=t2, t_other=t_other, flop=flop,
+             useful_mma=(r["pairs"] * 3 * K * I * 2 / MMA_FLOP) / (r["mma13"] + r["mma2"]), roof_bytes=roof_bytes,
+             roof_s=max(roof_bytes / DRAM_BPS, flop / (MMA_RATE * MMA_FLOP)))
+    return r
+
+
+def model(tokens):
+    chunks, chunk, per_token = chunking(tokens)
+    r = finish(chunk_terms(chunk), tokens, 1, FIXED_PER_CHUNK_S)
+    r.update(chunks=chunks, per_token=per_token, total=chunks * (r["t13"] + r["t2"] + r["t_other"]))
+    return r
 
 
 def pair_chunking(tokens):
@@ -154,45 +170,12 @@ def model_pairs(tokens):
         return model(tokens)
     outer, ranges, step, per_token, per_pair = pair_chunking(tokens)
     outers = -(-tokens // outer)
-    w13_bytes, w2_bytes = expert_bytes()
-    p = TOPK / E
-    touched_frac, _ = binomial_expectations(outer, p, 1)
-    touched = E * touched_frac
-    pairs = outer * TOPK
-    ppe = pairs / touched
-    cfg = choose(ppe)
-    block_m, block_n = CONFIGS[cfg]
-    _, tiles_per_expert = binomial_expectations(outer, p, block_m)
-    tiles = E * tiles_per_expert + (ranges - 1)  # a cut expert's run gives one more tile
-    n_blocks13 = -(-(2 * I) // block_n)
-    n_blocks2 = -(-K // block_n)
-    mma13 = tiles * (block_m // 16) * (2 * I // 8) * (round_up(K, KTILE) // 32)
-    mma2 = tiles * (block_m // 16) * (K // 8) * (round_up(I, KTILE) // 32)
-    t_mma13, t_mma2 = mma13 / MMA_RATE, mma2 / MMA_RATE
-    xs, hs = round_up(K, KTILE), round_up(I, KTILE)
-    read = touched + (ranges - 1)  # experts' weights read, boundaries twice
-    b_w13, b_w2 = read * w13_bytes, read * w2_bytes
-    b_act13 = outer * (xs + xs // 32) + pairs * (hs + hs // 32)
-    b_act2 = pairs * (hs + hs // 32) + pairs * K * 4
-    b_prep = outer * K * 2 + outer * (xs + xs // 32)
-    b_sums = (2 * ranges - 2) * outer * K * 4  # first writes, middle ranges read and write, last reads
-    b_comb = pairs * K * 4 + outer * K * 2 + b_sums
-    # With several ranges the GEMMs of a range overlap nothing of the next: max(DRAM, MMA) per range.
-    t13 = sum(max((b_w13 + b_act13) / ranges / DRAM_BPS, t_mma13 / ranges) for _ in range(ranges))
-    t2 = sum(max((b_w2 + b_act2) / ranges / DRAM_BPS, t_mma2 / ranges) for _ in range(ranges))
-    t_other = (b_prep + b_comb) / DRAM_BPS + FIXED_PER_CHUNK_S * ranges
-    total = outers * (t13 + t2 + t_other)
-    flop = 2 * tokens * TOPK * 3 * K * I
-    roof_bytes = E * (1 - (1 - p) ** tokens) * (w13_bytes + w2_bytes)
-    return dict(tokens=tokens, chunks=outers * ranges, chunk=outer, per_token=per_token, touched=touched, ppe=ppe,
-                cfg=cfg, block_m=block_m, block_n=block_n, tiles=tiles, ctas13=tiles * n_blocks13 / ranges,
-                ctas2=tiles * n_blocks2 / ranges, n_blocks13=n_blocks13, n_blocks2=n_blocks2, mma13=mma13, mma2=mma2,
-                t_mma13=t_mma13 / ranges, t_mma2=t_mma2 / ranges, b_w13=b_w13 / ranges, b_w2=b_w2 / ranges,
-                b_act13=b_act13 / ranges, b_act2=b_act2 / ranges, b_prep=b_prep / ranges, b_comb=b_comb / ranges,
-                t13=t13 / ranges, t2=t2 / ranges, t_other=t_other / ranges, total=total, flop=flop,
-                useful_mma=(pairs * 3 * K * I * 2 / MMA_FLOP) / (mma13 + mma2), roof_bytes=roof_bytes,
-                roof_s=max(roof_bytes / DRAM_BPS, flop / (MMA_RATE * MMA_FLOP)), ranges=ranges, step=step,
-                per_pair=per_pair)
+    r = chunk_terms(outer, extra_tiles=ranges - 1, extra_reads=ranges - 1)
+    r["b_comb"] += (2 * ranges - 2) * outer * K * 4  # the sums: the first writes, middle ranges read and write, the last reads
+    r = finish(r, tokens, ranges, FIXED_PER_CHUNK_S)
+    r.update(chunks=outers * ranges, per_token=per_token, per_pair=per_pair, ranges=ranges, step=step,
+             total=outers * ranges * (r["t13"] + r["t2"] + r["t_other"]))
+    return r
 
 
 def us(s):

@@ -525,6 +525,12 @@ class CudaMoeImpl final : public CudaMoe {
   }
   bool UsesPairChunks(int64_t num_tokens) const { return PairChunks().Get() && num_tokens > max_chunk_run_; }
   Status RunPairChunks(const MoeInput& in, const MoeOutput& out, uint8_t* ws, cudaStream_t stream) const;
+  // What both chunkings give the GEMMs and the input quantization alike: the layer's parameters,
+  // and for tokens [t0, t0 + tc) the quantization into `call`'s xq and the routing keys into keys
+  // (with the pair ids into pair_ids unless null).
+  GemmCall LayerCall() const;
+  cuda::PrepareParams PrepareOf(const MoeInput& in, const GemmCall& call, int64_t t0, int64_t tc, int32_t* keys,
+                                int32_t* pair_ids) const;
   RefLayout PlanRef(int64_t chunk) const {
     const size_t pairs = static_cast<size_t>(chunk * dims_.top_k);
     Arena a;
@@ -838,7 +844,7 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
   int32_t* num_tiles = reinterpret_cast<int32_t*>(at(l.num_tiles));
   float* y = reinterpret_cast<float*>(at(l.y));
   const size_t out_elt = OutputDTypeSize(out.dtype);
-  GemmCall call;
+  GemmCall call = LayerCall();
   call.chunk_tokens = choice.chunk_tokens;
   call.pair_capacity = choice.chunk_tokens * top_k;
   call.xq = at(l.xq);
@@ -848,11 +854,6 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
   call.expert_offsets = offsets;
   call.tiles = tiles;
   call.num_tiles = num_tiles;
-  call.top_k = static_cast<int32_t>(top_k);
-  call.experts = params_.As<ExpertParams>();
-  call.act = layout_.activation.type;
-  call.gate_bias = gate_bias_.As<float>();
-  call.up_bias = up_bias_.As<float>();
 
   for (int64_t t0 = 0; t0 < t_count; t0 += choice.chunk_tokens) {
     const int64_t tc = std::min(choice.chunk_tokens, t_count - t0);
@@ -861,21 +862,7 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
     // do it in the quantization's launch, from the ids (perf-log v12).
     const bool small_routing = pairs <= cuda::kSmallRoutePairs;
     const bool fused_routing = pairs <= cuda::kFusedRoutePairs;
-    cuda::PrepareParams pp;
-    pp.num_tokens = tc;
-    pp.hidden = k_dim;
-    if (in.x_bf16) pp.x_bf16 = in.x_bf16 + t0 * k_dim;
-    if (in.x_e4m3) pp.x_e4m3 = in.x_e4m3 + t0 * k_dim;
-    if (in.x_scale) pp.x_scale = in.x_scale + t0 * (k_dim / kMxBlock);
-    path_->SetQuantOutput(call, &pp);
-    pp.topk_ids = in.topk_ids + t0 * top_k;
-    pp.top_k = static_cast<int32_t>(top_k);
-    pp.first_expert = first_expert_;
-    pp.num_local = static_cast<int32_t>(n_local);
-    pp.keys = keys_in;
-    pp.pair_ids = small_routing ? nullptr : vals_in;
-    pp.num_experts = dims_.num_experts;
-    pp.bad_ids = errors_.As<unsigned long long>();
+    const cuda::PrepareParams pp = PrepareOf(in, call, t0, tc, keys_in, small_routing ? nullptr : vals_in);
     cuda::RouteSmallParams rp;
     rp.keys = keys_in;
     rp.n = static_cast<int32_t>(pairs);
@@ -917,6 +904,37 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
   return debug.End();
 }
 
+GemmCall CudaMoeImpl::LayerCall() const {
+  GemmCall call;
+  call.top_k = static_cast<int32_t>(dims_.top_k);
+  call.experts = params_.As<ExpertParams>();
+  call.act = layout_.activation.type;
+  call.gate_bias = gate_bias_.As<float>();
+  call.up_bias = up_bias_.As<float>();
+  return call;
+}
+
+cuda::PrepareParams CudaMoeImpl::PrepareOf(const MoeInput& in, const GemmCall& call, int64_t t0, int64_t tc,
+                                           int32_t* keys, int32_t* pair_ids) const {
+  const int64_t k_dim = dims_.hidden, top_k = dims_.top_k;
+  cuda::PrepareParams pp;
+  pp.num_tokens = tc;
+  pp.hidden = k_dim;
+  if (in.x_bf16) pp.x_bf16 = in.x_bf16 + t0 * k_dim;
+  if (in.x_e4m3) pp.x_e4m3 = in.x_e4m3 + t0 * k_dim;
+  if (in.x_scale) pp.x_scale = in.x_scale + t0 * (k_dim / kMxBlock);
+  path_->SetQuantOutput(call, &pp);
+  pp.topk_ids = in.topk_ids + t0 * top_k;
+  pp.top_k = static_cast<int32_t>(top_k);
+  pp.first_expert = first_expert_;
+  pp.num_local = static_cast<int32_t>(dims_.num_local);
+  pp.keys = keys;
+  pp.pair_ids = pair_ids;
+  pp.num_experts = dims_.num_experts;
+  pp.bad_ids = errors_.As<unsigned long long>();
+  return pp;
+}
+
 // A call in pair chunks (PlanPairsFor): per outer chunk of tokens, the input quantization and one
 // sort of all its pairs, then per range of sorted positions the tile list of the range, the GEMMs
 // on it (positions relative to the range: h and y hold its rows; FC2 takes the positions as its
@@ -940,7 +958,7 @@ Status CudaMoeImpl::RunPairChunks(const MoeInput& in, const MoeOutput& out, uint
   int2* tiles = reinterpret_cast<int2*>(at(l.tiles));
   int32_t* num_tiles = reinterpret_cast<int32_t*>(at(l.num_tiles));
   const size_t out_elt = OutputDTypeSize(out.dtype);
-  GemmCall call;
+  GemmCall call = LayerCall();
   call.chunk_tokens = l.tokens;
   call.pair_capacity = l.pairs;
   call.xq = at(l.xq);
@@ -950,30 +968,11 @@ Status CudaMoeImpl::RunPairChunks(const MoeInput& in, const MoeOutput& out, uint
   call.expert_offsets = offsets;
   call.tiles = tiles;
   call.num_tiles = num_tiles;
-  call.top_k = static_cast<int32_t>(top_k);
-  call.experts = params_.As<ExpertParams>();
-  call.act = layout_.activation.type;
-  call.gate_bias = gate_bias_.As<float>();
-  call.up_bias = up_bias_.As<float>();
 
   for (int64_t t0 = 0; t0 < t_count; t0 += l.tokens) {
     const int64_t tc = std::min(l.tokens, t_count - t0), pairs = tc * top_k;
-    cuda::PrepareParams pp;
-    pp.num_tokens = tc;
-    pp.hidden = k_dim;
-    if (in.x_bf16) pp.x_bf16 = in.x_bf16 + t0 * k_dim;
-    if (in.x_e4m3) pp.x_e4m3 = in.x_e4m3 + t0 * k_dim;
-    if (in.x_scale) pp.x_scale = in.x_scale + t0 * (k_dim / kMxBlock);
-    path_->SetQuantOutput(call, &pp);
-    pp.topk_ids = in.topk_ids + t0 * top_k;
-    pp.top_k = static_cast<int32_t>(top_k);
-    pp.first_expert = first_expert_;
-    pp.num_local = static_cast<int32_t>(n_local);
-    pp.keys = keys_in;
-    pp.pair_ids = vals_in;
-    pp.num_experts = dims_.num_experts;
-    pp.bad_ids = errors_.As<unsigned long long>();
-    MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchPrepare(pp, stream), "input quantization / routing keys kernel"));
+    MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchPrepare(PrepareOf(in, call, t0, tc, keys_in, vals_in), stream),
+                                    "input quantization / routing keys kernel"));
     MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::SortPairs(at(l.sort_temp), pair_sort_temp_bytes_, keys_in, keys_out, vals_in,
                                                     vals_out, pairs, key_bits_, stream),
                                     "routing sort"));

@@ -136,6 +136,40 @@ class DeviceCase {
   size_t ws_bytes_ = 0;
 };
 
+// One call of a DeviceCase captured in a CUDA graph on a stream of its own (all torn down when it
+// goes); the capture's Status is status(), and Replay(n) launches the graph n times and waits.
+class CapturedCall {
+ public:
+  CapturedCall(DeviceCase& dc, OutputDType dtype) { Capture(dc, dtype); }
+  ~CapturedCall() {
+    if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
+    if (graph_ != nullptr) cudaGraphDestroy(graph_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  CapturedCall(const CapturedCall&) = delete;
+  CapturedCall& operator=(const CapturedCall&) = delete;
+  const Status& status() const { return status_; }
+  cudaStream_t stream() const { return stream_; }
+  void Replay(int times = 1) {
+    ASSERT_NE(exec_, nullptr) << "nothing was captured: " << status_.ToString();
+    for (int i = 0; i < times; ++i) MXMOE_CUDA_OK(cudaGraphLaunch(exec_, stream_));
+    MXMOE_CUDA_OK(cudaStreamSynchronize(stream_));
+  }
+
+ private:
+  void Capture(DeviceCase& dc, OutputDType dtype) {
+    MXMOE_CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    MXMOE_CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal));
+    status_ = dc.Launch(dtype, false, stream_);
+    MXMOE_CUDA_OK(cudaStreamEndCapture(stream_, &graph_));
+    if (status_.ok()) MXMOE_CUDA_OK(cudaGraphInstantiate(&exec_, graph_, 0));
+  }
+  cudaStream_t stream_ = nullptr;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+  Status status_ = Status::Ok();
+};
+
 inline std::unique_ptr<CudaMoe> MakeCudaMoe(const ExpertSet& set) {
   std::unique_ptr<CudaMoe> moe;
   const Status st = CudaMoe::Create(set, 0, &moe);

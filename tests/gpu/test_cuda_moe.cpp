@@ -377,23 +377,14 @@ TEST(CudaMoeErrors, BadIdsAreCountedInTheErrorWord) {
   }
   // Captured with debug mode on: no synchronization in the capture; each replay counts.
   ASSERT_TRUE(moe->ResetErrors().ok());
-  cudaStream_t stream;
-  MXMOE_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  MXMOE_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  const Status captured = dc.Launch(OutputDType::kF32, false, stream);
-  MXMOE_CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  ASSERT_TRUE(captured.ok()) << captured.ToString();
-  cudaGraphExec_t exec;
-  MXMOE_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int r = 0; r < 3; ++r) MXMOE_CUDA_OK(cudaGraphLaunch(exec, stream));
-  MXMOE_CUDA_OK(cudaStreamSynchronize(stream));
+  {
+    CapturedCall captured(dc, OutputDType::kF32);
+    ASSERT_TRUE(captured.status().ok()) << captured.status().ToString();
+    captured.Replay(3);
+  }
   ASSERT_TRUE(moe->ReadErrors(&count).ok());
   EXPECT_EQ(count, 3 * bad);
   EXPECT_TRUE(MoeCloseF32(dc.Fetch<float>(), ref, dims, pw));
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
   moe->SetDebugCheck(false);
 }
 
@@ -704,26 +695,15 @@ TEST(CudaMoeChunks, PairChunksReplayFromAGraph) {
   const int64_t t = 600;
   ASSERT_NE(moe->Plan(t).find("pair chunks"), std::string::npos) << moe->Plan(t);
   DeviceCase dc(*moe, Input(s, t, RoutingPattern::kUniform, 742));
-  cudaStream_t stream;
-  MXMOE_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  MXMOE_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  const Status st = dc.Launch(OutputDType::kBF16, false, stream);
-  MXMOE_CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  ASSERT_TRUE(st.ok()) << st.ToString();
-  cudaGraphExec_t exec;
-  MXMOE_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  CapturedCall captured(dc, OutputDType::kBF16);
+  ASSERT_TRUE(captured.status().ok()) << captured.status().ToString();
   dc.Upload(Input(s, t, RoutingPattern::kHeavyHitters, 743));
-  dc.Poison(stream);
-  MXMOE_CUDA_OK(cudaGraphLaunch(exec, stream));
-  MXMOE_CUDA_OK(cudaStreamSynchronize(stream));
+  dc.Poison(captured.stream());
+  captured.Replay();
   const auto replayed = dc.Fetch<uint16_t>();
   EXPECT_TRUE(AllWritten(replayed, {t, s.hidden}));
   EXPECT_TRUE(BitwiseEqualBf16(replayed, dc.RunBf16(), {t, s.hidden}));
   EXPECT_TRUE(MoeCloseBf16(replayed, dc.RunBf16(/*reference=*/true), {t, s.hidden}, s.top_k * s.intermediate));
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 }
 
 // A workspace of WorkspaceSize(T) serves every call of fewer tokens, in token and in pair chunks:
@@ -783,28 +763,17 @@ TEST(CudaMoeGraph, CapturedReplayWithNewInputsEqualsEager) {
     const SyntheticInput second = Input(s, t, RoutingPattern::kHeavyHitters, 143 + t);
     DeviceCase dc(*moe, first);
     if (t > 8) dc.RunBf16();  // one eager warm-up; T = 8 is captured cold
-    cudaStream_t stream;
-    MXMOE_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    cudaGraph_t graph;
-    MXMOE_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    const Status st = dc.Launch(OutputDType::kBF16, false, stream);
-    MXMOE_CUDA_OK(cudaStreamEndCapture(stream, &graph));
-    ASSERT_TRUE(st.ok()) << st.ToString();
-    cudaGraphExec_t exec;
-    MXMOE_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    CapturedCall captured(dc, OutputDType::kBF16);
+    ASSERT_TRUE(captured.status().ok()) << captured.status().ToString();
     // Replay on the second input, copied into the captured buffers.
     dc.Upload(second);
-    dc.Poison(stream);
-    MXMOE_CUDA_OK(cudaGraphLaunch(exec, stream));
-    MXMOE_CUDA_OK(cudaStreamSynchronize(stream));
+    dc.Poison(captured.stream());
+    captured.Replay();
     const auto replayed = dc.Fetch<uint16_t>();
     EXPECT_TRUE(AllWritten(replayed, {t, s.hidden}));
     const auto eager = dc.RunBf16();
     EXPECT_TRUE(BitwiseEqualBf16(replayed, eager, {t, s.hidden}));
     EXPECT_TRUE(MoeCloseBf16(eager, dc.RunBf16(true), {t, s.hidden}, s.top_k * s.intermediate));
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(stream);
   }
 }
 
