@@ -618,30 +618,42 @@ TEST(CudaMoeChunks, TokenAndPairChunksMatchReference) {
   // The heuristics' config, an mma.sync one that gathers its tokens itself and a wgmma one that
   // reads them gathered in sorted order (LaunchGatherRows on each range).
   const int configs[] = {-1, static_cast<int>(cuda::GemmConfigId::kN32), static_cast<int>(cuda::GemmConfigId::kWg128d3x3)};
-  uint64_t seed = 700;
+  // One layer and one set of calls, their CPU references computed once.
+  const ExpertSet set = SyntheticSet(s, act, 700);
+  struct Call {
+    SyntheticInput in;
+    std::vector<float> ref32;
+    std::vector<uint16_t> ref16;
+  };
+  std::vector<Call> calls;
+  uint64_t seed = 701;
+  for (RoutingPattern pat : {RoutingPattern::kUniform, RoutingPattern::kHeavyHitters, RoutingPattern::kWithInvalid})
+    for (int64_t t : {1, 150, 600}) {
+      Call c{Input(s, t, pat, ++seed), {}, {}};
+      c.ref32 = CpuF32(set, c.in, true);
+      c.ref16 = CpuBf16(set, c.in, true);
+      calls.push_back(std::move(c));
+    }
   for (size_t target : {size_t{256} << 10, size_t{1} << 20}) {
     for (int config : configs) {
       for (bool pairs : {false, true}) {
         ChunkSettings chunked(target, pairs, config);
-        ExpertSet set = SyntheticSet(s, act, ++seed);
         auto moe = MakeCudaMoe(set);
         ASSERT_TRUE(moe);
-        for (RoutingPattern pat : {RoutingPattern::kUniform, RoutingPattern::kHeavyHitters, RoutingPattern::kWithInvalid}) {
-          for (int64_t t : {1, 150, 600}) {
-            const std::string plan = moe->Plan(t);
-            SCOPED_TRACE("target " + std::to_string(target) + " config " + std::to_string(config) + " " +
-                         RoutingPatternName(pat) + " T=" + std::to_string(t) + ": " + plan);
-            // T = 600 chunks at both targets (the point of the test), T = 1 never.
-            if (t == 600) EXPECT_NE(plan.find(pairs ? "pair chunks" : " chunks"), std::string::npos);
-            if (t == 1) EXPECT_EQ(plan.find("chunks"), std::string::npos);
-            const SyntheticInput in = Input(s, t, pat, ++seed);
-            DeviceCase dc(*moe, in);
-            const std::vector<int64_t> dims{t, s.hidden};
-            const auto f32 = dc.RunF32();
-            EXPECT_TRUE(MoeCloseF32(f32, CpuF32(set, in, true), dims, s.top_k * s.intermediate));
-            EXPECT_TRUE(MoeCloseBf16(dc.RunBf16(), CpuBf16(set, in, true), dims, s.top_k * s.intermediate));
-            EXPECT_TRUE(BitwiseEqual(dc.RunF32(), f32, dims));  // fixed order: runs repeat bit for bit
-          }
+        for (const Call& c : calls) {
+          const int64_t t = c.in.num_tokens;
+          const std::string plan = moe->Plan(t);
+          SCOPED_TRACE("target " + std::to_string(target) + " config " + std::to_string(config) + " T=" +
+                       std::to_string(t) + ": " + plan);
+          // T = 600 chunks at both targets (the point of the test), T = 1 never.
+          if (t == 600) EXPECT_NE(plan.find(pairs ? "pair chunks" : " chunks"), std::string::npos);
+          if (t == 1) EXPECT_EQ(plan.find("chunks"), std::string::npos);
+          DeviceCase dc(*moe, c.in);
+          const std::vector<int64_t> dims{t, s.hidden};
+          const auto f32 = dc.RunF32();
+          EXPECT_TRUE(MoeCloseF32(f32, c.ref32, dims, s.top_k * s.intermediate));
+          EXPECT_TRUE(MoeCloseBf16(dc.RunBf16(), c.ref16, dims, s.top_k * s.intermediate));
+          EXPECT_TRUE(BitwiseEqual(dc.RunF32(), f32, dims));  // fixed order: runs repeat bit for bit
         }
       }
     }
@@ -712,24 +724,31 @@ TEST(CudaMoeChunks, PairChunksReplayFromAGraph) {
 TEST(CudaMoeChunks, WorkspaceForTServesFewerTokens) {
   MXMOE_REQUIRE_SM90();
   const LayerShape s{16, 256, 160, 4};
-  ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 751);
+  const ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 751);
+  std::vector<std::pair<SyntheticInput, std::vector<float>>> calls;  // the inputs and their CPU references
+  for (int64_t t : {1, 37, 171, 172, 340, 341, 599}) {
+    SyntheticInput in = Input(s, t, RoutingPattern::kHeavyHitters, 753 + t);
+    std::vector<float> ref = CpuF32(set, in, true);
+    calls.emplace_back(std::move(in), std::move(ref));
+  }
+  const SyntheticInput big = Input(s, 600, RoutingPattern::kUniform, 752);
   for (size_t target : {size_t{256} << 10, size_t{1} << 20}) {
     for (bool pairs : {false, true}) {
       ChunkSettings chunked(target, pairs);
       auto moe = MakeCudaMoe(set);
       ASSERT_TRUE(moe);
       for (int64_t t = 1; t < 2000; ++t) ASSERT_LE(moe->WorkspaceSize(t), moe->WorkspaceSize(t + 1)) << "T = " << t;
-      const SyntheticInput big = Input(s, 600, RoutingPattern::kUniform, 752);
       DeviceCase dc(*moe, big);  // its workspace: WorkspaceSize(600)
-      for (int64_t t : {1, 37, 171, 172, 340, 341, 599}) {
+      for (const auto& [in, ref] : calls) {
+        const int64_t t = in.num_tokens;
         SCOPED_TRACE("target " + std::to_string(target) + (pairs ? " pair" : " token") + " chunks, T = " + std::to_string(t));
-        const SyntheticInput in = Input(s, t, RoutingPattern::kHeavyHitters, 753 + t);
         DeviceCase small(*moe, in);
-        MoeInput call = small.Input();
-        const Status st = moe->Run(call, small.Output(OutputDType::kF32), dc.workspace(), dc.workspace_bytes(), nullptr);
+        small.Poison();  // (NaN: an element the call does not write fails the comparison)
+        const Status st =
+            moe->Run(small.Input(), small.Output(OutputDType::kF32), dc.workspace(), dc.workspace_bytes(), nullptr);
         ASSERT_TRUE(st.ok()) << st.ToString();
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        EXPECT_TRUE(MoeCloseF32(small.Fetch<float>(), CpuF32(set, in, true), {t, s.hidden}, s.top_k * s.intermediate));
+        EXPECT_TRUE(MoeCloseF32(small.Fetch<float>(), ref, {t, s.hidden}, s.top_k * s.intermediate));
       }
     }
   }
