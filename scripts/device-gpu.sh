@@ -226,7 +226,7 @@ fi
 if named pipes; then
   t0=$(secs)
   base="launch__grid_size,gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed"
-  base+=",sm__inst_issued.avg.pct_of_peak_sustained_active,sm__warps_active.avg.per_cycle_active"
+  base+=",sm__inst_issued.avg.pct_of_peak_sustained_active,smsp__warps_active.avg.per_cycle_active"
   ncu --query-metrics >"$OUT/pipes_query.log" 2>&1
   metrics=$base
   for m in $(awk '{print $1}' "$OUT/pipes_query.log" \
@@ -234,19 +234,24 @@ if named pipes; then
     metrics+=",$m.avg.pct_of_peak_sustained_active"
   done
   for cfg in ${PIPES_CONFIGS:-auto}; do
-    forced=()
+    # (auto: the heuristics' choice, whatever MXMOE_GEMM_CONFIG this shell exports)
+    forced=(-u MXMOE_GEMM_CONFIG)
     [ "$cfg" = auto ] || forced=(MXMOE_GEMM_CONFIG="$cfg")
     for t in ${PIPES_TOKENS:-1 1024 4096}; do
-      log="$OUT/pipes_${cfg}_$t.log"
+      log="$OUT/pipes_${cfg//\//-}_$t.log"  # (an FC1/FC2 pair names no subfolder)
+      set_used=listed
       for m in "$metrics" "$base"; do  # (the listed names, or the base set if ncu refuses one of them)
         env "${forced[@]}" timeout 150 ncu --clock-control none -k regex:'Moe(Gemm|Wgmma)Kernel' -c 2 --metrics "$m" \
           "$BUILD/bin/mxmoe" bench --shapes kimi-k3 --routing uniform --tokens "$t" --repeats 1 --warmup 0 \
           --no-graph --check-tokens 1 >"$log" 2>&1
         rc=$?
         grep -qiE 'failed to find metric|unknown metric|invalid metric' "$log" || break
+        set_used="base only (ncu refused a pipe metric; see $log)"
       done
-      note "pipes ($cfg, T = $t): rc=$rc"
-      awk '/^  [A-Za-z_].*\(/ { name = $1 } / (launch|gpu|dram|sm)__[a-z_.]+ / { printf "  %s %s %s\n", substr(name, 1, 40), $1, $NF }' \
+      note "pipes ($cfg, T = $t): rc=$rc, metrics: $set_used"
+      # The first kernel profiled is FC1, the second FC2 (the call's launch order).
+      awk '/^  [A-Za-z_].*\(/ { ++k; name = k == 1 ? "FC1" : k == 2 ? "FC2" : "kernel" k }
+           / (launch|gpu|dram|sm|smsp)__[a-z_.]+ / { printf "  %s %s %s\n", name, $1, $NF }' \
         "$log" | tee -a "$SUMMARY" >/dev/null
     done
   done

@@ -151,30 +151,45 @@ def model(tokens):
 
 
 def pair_chunking(tokens):
-    """RunPairChunks' plan for the SM120 path (PlanPairs / PlanPairsFor): (outer tokens, ranges per
-    outer chunk, range length) and the per-token and per-pair bytes."""
+    """RunPairChunks' plan for the SM120 path (PlanPairs / PlanPairsFor): outer tokens, the range
+    capacity, and the per-token and per-pair bytes. (The code measures the per-token bytes from two
+    plans, whose 256-byte rounding can hide a little: its outer chunks may be a few % longer.)"""
     xs, hs = round_up(K, KTILE), round_up(I, KTILE)
     per_token = (xs + xs // 32) + 6 * TOPK * 4 + K * 4  # xq, keys / values / positions / weights, sums
     per_pair = (hs + hs // 32) + K * 4 + 4 + 8           # h, y, the FC2 pair ids, the tile list
     outer = min(tokens, max(1, WORKSPACE_TARGET // 2 // per_token))
-    fit = (WORKSPACE_TARGET - outer * per_token) // per_pair
+    fit = (WORKSPACE_TARGET - outer * per_token - 4 * 256) // per_pair
     pairs = outer * TOPK
     cap = min(max(fit, min(256, pairs)), pairs)
+    return outer, cap, per_token, per_pair
+
+
+def outer_chunk(tc, cap):
+    """One outer chunk of tc tokens in ranges of at most cap pairs (equal lengths)."""
+    pairs = tc * TOPK
     ranges = -(-pairs // cap)
-    return outer, ranges, -(-pairs // ranges), per_token, per_pair
+    r = chunk_terms(tc, extra_tiles=ranges - 1, extra_reads=ranges - 1)
+    r["b_comb"] += (2 * ranges - 2) * tc * K * 4  # the sums: the first writes, middle ranges read and write, the last reads
+    r = finish(r, tc, ranges, FIXED_PER_CHUNK_S)
+    r.update(ranges=ranges, step=-(-pairs // ranges), outer_total=ranges * (r["t13"] + r["t2"] + r["t_other"]))
+    return r
 
 
 def model_pairs(tokens):
-    """The same layer in pair chunks (only differs from model() for calls that chunk)."""
+    """The same layer in pair chunks (only differs from model() for calls that chunk). The details
+    printed are the first outer chunk's; the total counts every outer chunk, the last as long as it is."""
     if chunking(tokens)[0] == 1:
         return model(tokens)
-    outer, ranges, step, per_token, per_pair = pair_chunking(tokens)
-    outers = -(-tokens // outer)
-    r = chunk_terms(outer, extra_tiles=ranges - 1, extra_reads=ranges - 1)
-    r["b_comb"] += (2 * ranges - 2) * outer * K * 4  # the sums: the first writes, middle ranges read and write, the last reads
-    r = finish(r, tokens, ranges, FIXED_PER_CHUNK_S)
-    r.update(chunks=outers * ranges, per_token=per_token, per_pair=per_pair, ranges=ranges, step=step,
-             total=outers * ranges * (r["t13"] + r["t2"] + r["t_other"]))
+    outer, cap, per_token, per_pair = pair_chunking(tokens)
+    r = outer_chunk(outer, cap)
+    full, rest = divmod(tokens, outer)
+    total, chunks = full * r["outer_total"], full * r["ranges"]
+    if rest:
+        last = outer_chunk(rest, cap)
+        total, chunks = total + last["outer_total"], chunks + last["ranges"]
+    whole = model(tokens)  # (the call's FLOP and roofline)
+    r.update(tokens=tokens, chunks=chunks, chunk=outer, per_token=per_token, per_pair=per_pair, total=total,
+             flop=whole["flop"], roof_bytes=whole["roof_bytes"], roof_s=whole["roof_s"])
     return r
 
 

@@ -600,7 +600,8 @@ Status CudaMoeImpl::Init(const ExpertSet& experts, int device) {
                                   "sizing the routing sort"));
   const size_t ref_token = per_token(PlanRef(1).total, PlanRef(2).total);
   max_chunk_ref_ = std::max<int64_t>(1, static_cast<int64_t>(workspace_target_ / ref_token));
-  // Pair chunks: the per-token buffers (routing, xq, the fp32 sums) take at most half the target.
+  // Pair chunks: the per-token buffers (routing, xq, the fp32 sums) take about half the target
+  // (pair_token is the plans' difference: their 256-byte rounding may hide a little of it).
   const size_t pair_token = per_token(PlanPairs(1, 0).total, PlanPairs(2, 0).total);
   // (Exactly, not by the plans' difference: the 256-byte rounding hides small growths.)
   pair_bytes_ = 8 + 4 + path_->HBytes(1) + static_cast<size_t>(dims_.hidden) * 4;  // tiles, FC2's ids, h, y

@@ -329,7 +329,7 @@ constexpr int kCombineBatch = 8;
 // t * k + j (kRange false: the whole call at once), or, for a range of sorted positions of a call in
 // pair chunks, the slots whose positions lie in it, at row position - r.pos_begin, added to
 // r.acc[t] unless r.first. (kRange false compiles to the kernel without ranges: 40 registers, not
-// 43, so more warps per SM for the call's only combine.)
+// 46, so more warps per SM for the call's only combine.)
 template <bool kRange>
 __global__ void __launch_bounds__(kThreads)
     CombineKernel(const float* __restrict__ y, const int32_t* __restrict__ pos_of_pair,

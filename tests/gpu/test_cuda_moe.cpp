@@ -622,6 +622,7 @@ TEST(CudaMoeChunks, TokenAndPairChunksMatchReference) {
   const ExpertSet set = SyntheticSet(s, act, 700);
   struct Call {
     SyntheticInput in;
+    RoutingPattern pattern;
     std::vector<float> ref32;
     std::vector<uint16_t> ref16;
   };
@@ -629,7 +630,7 @@ TEST(CudaMoeChunks, TokenAndPairChunksMatchReference) {
   uint64_t seed = 701;
   for (RoutingPattern pat : {RoutingPattern::kUniform, RoutingPattern::kHeavyHitters, RoutingPattern::kWithInvalid})
     for (int64_t t : {1, 150, 600}) {
-      Call c{Input(s, t, pat, ++seed), {}, {}};
+      Call c{Input(s, t, pat, ++seed), pat, {}, {}};
       c.ref32 = CpuF32(set, c.in, true);
       c.ref16 = CpuBf16(set, c.in, true);
       calls.push_back(std::move(c));
@@ -643,11 +644,23 @@ TEST(CudaMoeChunks, TokenAndPairChunksMatchReference) {
         for (const Call& c : calls) {
           const int64_t t = c.in.num_tokens;
           const std::string plan = moe->Plan(t);
-          SCOPED_TRACE("target " + std::to_string(target) + " config " + std::to_string(config) + " T=" +
-                       std::to_string(t) + ": " + plan);
-          // T = 600 chunks at both targets (the point of the test), T = 1 never.
-          if (t == 600) EXPECT_NE(plan.find(pairs ? "pair chunks" : " chunks"), std::string::npos);
-          if (t == 1) EXPECT_EQ(plan.find("chunks"), std::string::npos);
+          SCOPED_TRACE("target " + std::to_string(target) + " config " + std::to_string(config) + " " +
+                       RoutingPatternName(c.pattern) + " T=" + std::to_string(t) + ": " + plan);
+          // T = 600 chunks at both targets (the point of the test), in the mode asked for; T = 1 never.
+          if (t == 600) {
+            EXPECT_NE(plan.find(" chunks"), std::string::npos);
+            EXPECT_EQ(plan.find("pair chunks") != std::string::npos, pairs);
+          }
+          if (t == 1) {
+            EXPECT_EQ(plan.find("chunks"), std::string::npos);
+          }
+          // At 1 MB, T = 600 makes 2 outer chunks of several ranges each, so ranges in the middle
+          // of an outer chunk (neither first nor last) run too.
+          if (pairs && t == 600 && target == (size_t{1} << 20)) {
+            const size_t x = plan.rfind(" x");
+            ASSERT_NE(x, std::string::npos);
+            EXPECT_GE(std::stoi(plan.substr(x + 2)), 5);
+          }
           DeviceCase dc(*moe, c.in);
           const std::vector<int64_t> dims{t, s.hidden};
           const auto f32 = dc.RunF32();
@@ -661,7 +674,7 @@ TEST(CudaMoeChunks, TokenAndPairChunksMatchReference) {
 }
 
 // Pair chunks on an expert-parallel slice: the other ranks' pairs sort last, so the last ranges
-// have no tiles (and the combine skips those in the middle: here ~4 ranges per outer chunk, a
+// have no tiles (and the combine skips those in the middle: here ~5 ranges per outer chunk, a
 // quarter of the pairs local). Against the CPU reference of the slice, and the slices' sum against
 // the full layer.
 TEST(CudaMoeChunks, PairChunksOnExpertSlicesMatchReference) {
