@@ -33,17 +33,21 @@ echo "== mxmoe bench (dump for the peer in $dump)"
 rc_mxmoe=${PIPESTATUS[0]}
 lap "mxmoe bench (rc $rc_mxmoe)"
 
+# run_peer NAME TITLE: bench/peers/NAME_moe.py on the dump, into $out/NAME.{csv,log}; its status.
+run_peer() {
+  echo "== $2 peer (bench/peers/$1_moe.py)"
+  python3 "bench/peers/$1_moe.py" --dump "$dump" --csv "$out/$1.csv" 2>&1 | tee "$out/$1.log"
+  local rc=${PIPESTATUS[0]}
+  lap "$1 peer (rc $rc)"
+  return "$rc"
+}
 rc_peer=1 rc_triton=skipped
 if [ -f "$dump/manifest.json" ]; then
-  echo "== PyTorch peer (bench/peers/torch_moe.py)"
-  python3 bench/peers/torch_moe.py --dump "$dump" --csv "$out/torch.csv" 2>&1 | tee "$out/torch.log"
-  rc_peer=${PIPESTATUS[0]}
-  lap "torch peer (rc $rc_peer)"
+  run_peer torch PyTorch
+  rc_peer=$?
   if python3 -c "import triton" 2>/dev/null; then
-    echo "== Triton peer (bench/peers/triton_moe.py)"
-    python3 bench/peers/triton_moe.py --dump "$dump" --csv "$out/triton.csv" 2>&1 | tee "$out/triton.log"
-    rc_triton=${PIPESTATUS[0]}
-    lap "triton peer (rc $rc_triton)"
+    run_peer triton Triton
+    rc_triton=$?
   else
     echo "== Triton peer: skipped (python3 cannot import triton)"
   fi

@@ -82,16 +82,14 @@ def _fc1_kernel(x_ptr, order_ptr, tile_expert_ptr, tile_row_ptr, tile_count_ptr,
     gate_rows = expert.to(tl.int64) * 2 * inter + n
     up_rows = gate_rows + inter
     cols = tl.arange(0, BK)
-    acc_g = tl.zeros([BM, BN], dtype=tl.float32)
-    acc_u = tl.zeros([BM, BN], dtype=tl.float32)
+    g = tl.zeros([BM, BN], dtype=tl.float32)
+    u = tl.zeros([BM, BN], dtype=tl.float32)
     for k0 in range(0, hidden, BK):
         x = tl.load(x_ptr + token[:, None] * hidden + k0 + cols[None, :], mask=m_ok[:, None], other=0.0).to(DOT)
         wg = _dequant_tile(w_ptr, ws_ptr, gate_rows, n_ok, k0, hidden // 2, hidden // 32, BN, BK, DOT)
         wu = _dequant_tile(w_ptr, ws_ptr, up_rows, n_ok, k0, hidden // 2, hidden // 32, BN, BK, DOT)
-        acc_g = tl.dot(x, tl.trans(wg), acc_g)
-        acc_u = tl.dot(x, tl.trans(wu), acc_u)
-    g = acc_g
-    u = acc_u
+        g = tl.dot(x, tl.trans(wg), g)
+        u = tl.dot(x, tl.trans(wu), u)
     if ACT == 0:  # Situ
         act = beta * _tanh(g / beta) * tl.sigmoid(g) * (linear_beta * _tanh(u / linear_beta))
     elif ACT == 1:  # Swiglu

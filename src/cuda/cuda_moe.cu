@@ -90,6 +90,19 @@ struct Arena {
 
 bool Aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
+// The routing's buffers of a workspace layout (token or pair chunks) in the workspace at ws.
+struct RoutingBuffers {
+  int32_t *keys_in, *keys_out, *vals_in, *vals_out, *offsets, *tile_offsets;
+  int2* tiles;
+  int32_t* num_tiles;
+};
+template <class Layout>
+RoutingBuffers RoutingIn(const Layout& l, uint8_t* ws) {
+  const auto i32 = [ws](size_t off) { return reinterpret_cast<int32_t*>(ws + off); };
+  return {i32(l.keys_in),      i32(l.keys_out),  i32(l.vals_in), i32(l.vals_out), i32(l.offsets),
+          i32(l.tile_offsets), reinterpret_cast<int2*>(ws + l.tiles), i32(l.num_tiles)};
+}
+
 // Largest finite UE8M0 byte of a scale tensor.
 int MaxFiniteScale(const std::vector<uint8_t>& scales, int start) {
   int m = start;
@@ -417,8 +430,7 @@ class CudaMoeImpl final : public CudaMoe {
       const PairLayout l = PlanPairsFor(num_tokens);
       const cuda::LaunchChoice choice = cuda::ChooseLaunch(dims_, l.tokens, l.tokens);
       int64_t ranges = 0;
-      for (int64_t t0 = 0; t0 < num_tokens; t0 += l.tokens)
-        ranges += (std::min(l.tokens, num_tokens - t0) * dims_.top_k + l.pairs - 1) / l.pairs;
+      for (int64_t t0 = 0; t0 < num_tokens; t0 += l.tokens) ranges += RangesOf(std::min(l.tokens, num_tokens - t0) * dims_.top_k, l);
       return path_->Choose(choice).name + " x" + std::to_string(ranges) + " pair chunks";
     }
     const cuda::LaunchChoice choice = cuda::ChooseLaunch(dims_, num_tokens, max_chunk_run_);
@@ -523,6 +535,8 @@ class CudaMoeImpl final : public CudaMoe {
     const PairLayout l = PlanPairsFor(num_tokens);
     return l.pairs < l.tokens * dims_.top_k ? std::max(l.total, workspace_target_) : l.total;
   }
+  // The ranges an outer chunk of `pairs` pairs runs in (RunPairChunks, Plan).
+  static int64_t RangesOf(int64_t pairs, const PairLayout& l) { return (pairs + l.pairs - 1) / l.pairs; }
   bool UsesPairChunks(int64_t num_tokens) const { return PairChunks().Get() && num_tokens > max_chunk_run_; }
   Status RunPairChunks(const MoeInput& in, const MoeOutput& out, uint8_t* ws, cudaStream_t stream) const;
   // What both chunkings give the GEMMs and the input quantization alike: the layer's parameters,
@@ -600,10 +614,10 @@ Status CudaMoeImpl::Init(const ExpertSet& experts, int device) {
                                   "sizing the routing sort"));
   const size_t ref_token = per_token(PlanRef(1).total, PlanRef(2).total);
   max_chunk_ref_ = std::max<int64_t>(1, static_cast<int64_t>(workspace_target_ / ref_token));
-  // Pair chunks: the per-token buffers (routing, xq, the fp32 sums) take about half the target
-  // (pair_token is the plans' difference: their 256-byte rounding may hide a little of it).
+  // Pair chunks: the per-token buffers (routing, xq, the fp32 sums) take about half the target (the
+  // plans' difference, as above, may miss a few bytes to their 256-byte rounding); a pair's buffers
+  // are counted exactly, which PlanPairsFor's bound on the plan relies on.
   const size_t pair_token = per_token(PlanPairs(1, 0).total, PlanPairs(2, 0).total);
-  // (Exactly, not by the plans' difference: the 256-byte rounding hides small growths.)
   pair_bytes_ = 8 + 4 + path_->HBytes(1) + static_cast<size_t>(dims_.hidden) * 4;  // tiles, FC2's ids, h, y
   max_outer_ = std::max<int64_t>(1, static_cast<int64_t>(workspace_target_ / 2 / pair_token));
   MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::SortTempBytes(max_outer_ * dims_.top_k, &pair_sort_temp_bytes_),
@@ -835,14 +849,7 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
   const RunLayout l = PlanRun(choice.chunk_tokens);
   uint8_t* ws = static_cast<uint8_t*>(workspace);
   auto at = [ws](size_t off) { return ws + off; };
-  int32_t* keys_in = reinterpret_cast<int32_t*>(at(l.keys_in));
-  int32_t* keys_out = reinterpret_cast<int32_t*>(at(l.keys_out));
-  int32_t* vals_in = reinterpret_cast<int32_t*>(at(l.vals_in));
-  int32_t* vals_out = reinterpret_cast<int32_t*>(at(l.vals_out));
-  int32_t* offsets = reinterpret_cast<int32_t*>(at(l.offsets));
-  int32_t* tile_offsets = reinterpret_cast<int32_t*>(at(l.tile_offsets));
-  int2* tiles = reinterpret_cast<int2*>(at(l.tiles));
-  int32_t* num_tiles = reinterpret_cast<int32_t*>(at(l.num_tiles));
+  const auto [keys_in, keys_out, vals_in, vals_out, offsets, tile_offsets, tiles, num_tiles] = RoutingIn(l, ws);
   float* y = reinterpret_cast<float*>(at(l.y));
   const size_t out_elt = OutputDTypeSize(out.dtype);
   GemmCall call = LayerCall();
@@ -949,15 +956,9 @@ Status CudaMoeImpl::RunPairChunks(const MoeInput& in, const MoeOutput& out, uint
   // The configs for the density of a whole outer chunk: a range holds whole runs of experts.
   const GemmChoice gemm = path_->Choose(cuda::ChooseLaunch(dims_, l.tokens, l.tokens));
   auto at = [ws](size_t off) { return ws + off; };
-  int32_t* keys_in = reinterpret_cast<int32_t*>(at(l.keys_in));
-  int32_t* keys_out = reinterpret_cast<int32_t*>(at(l.keys_out));
-  int32_t* vals_in = reinterpret_cast<int32_t*>(at(l.vals_in));
-  int32_t* vals_out = reinterpret_cast<int32_t*>(at(l.vals_out));
+  const auto [keys_in, keys_out, vals_in, vals_out, offsets, tile_offsets, tiles, num_tiles] = RoutingIn(l, ws);
   int32_t* pos_of_pair = reinterpret_cast<int32_t*>(at(l.pos_of_pair));
-  int32_t* offsets = reinterpret_cast<int32_t*>(at(l.offsets));
-  int32_t* tile_offsets = reinterpret_cast<int32_t*>(at(l.tile_offsets));
-  int2* tiles = reinterpret_cast<int2*>(at(l.tiles));
-  int32_t* num_tiles = reinterpret_cast<int32_t*>(at(l.num_tiles));
+  float* sorted_weights = reinterpret_cast<float*>(at(l.sorted_weights));
   const size_t out_elt = OutputDTypeSize(out.dtype);
   GemmCall call = LayerCall();
   call.chunk_tokens = l.tokens;
@@ -977,16 +978,15 @@ Status CudaMoeImpl::RunPairChunks(const MoeInput& in, const MoeOutput& out, uint
     MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::SortPairs(at(l.sort_temp), pair_sort_temp_bytes_, keys_in, keys_out, vals_in,
                                                     vals_out, pairs, key_bits_, stream),
                                     "routing sort"));
-    float* sorted_weights = reinterpret_cast<float*>(at(l.sorted_weights));
     MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchPairPositions(vals_out, in.topk_weights + t0 * top_k, pairs,
                                                               pos_of_pair, sorted_weights,
                                                               reinterpret_cast<int32_t*>(at(l.iota)),
                                                               t0 == 0 ? l.pairs : 0, stream),
                                     "routing positions kernel"));
-    call.topk_weights = in.topk_weights + t0 * top_k;
     // As few ranges as the capacity allows, of equal length (no short last range: each range costs
-    // a pass of the combine over the sums of all the chunk's tokens).
-    const int64_t ranges = (pairs + l.pairs - 1) / l.pairs;
+    // a pass of the combine over the sums of all the chunk's tokens). (FC1 reads no router weights,
+    // and FC2 reads call.fc2_weights: call.topk_weights stays unset.)
+    const int64_t ranges = RangesOf(pairs, l);
     const int64_t step = (pairs + ranges - 1) / ranges;
     for (int64_t p0 = 0; p0 < pairs; p0 += step) {
       const int64_t n = std::min(step, pairs - p0);

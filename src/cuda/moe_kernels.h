@@ -133,8 +133,8 @@ cudaError_t LaunchCombine(const float* y, const int32_t* topk_ids, int64_t num_t
 // A call too large for the workspace in one piece runs either in token chunks (the default: each
 // chunk routes its own tokens, so every chunk streams the weights of every expert it touches) or,
 // with pair chunks on, routes all its tokens once and runs the GEMMs on consecutive ranges of the
-// sorted pairs: an expert's weights are streamed about once per call, and pairs of experts on other
-// ranks take no room (docs/perf-log.md, v17). MXMOE_PAIR_CHUNKS=1 (or 0) at start; SetPairChunks
+// sorted pairs: an expert's weights are streamed about once per call, and on an expert-parallel
+// rank the ranges past its own pairs find no tiles (docs/perf-log.md, v17). MXMOE_PAIR_CHUNKS=1 (or 0) at start; SetPairChunks
 // for the tests.
 void SetPairChunks(bool on);
 bool PairChunksEnabled();
