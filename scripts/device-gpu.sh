@@ -250,7 +250,8 @@ if named pipes; then
       done
       note "pipes ($cfg, T = $t): rc=$rc, metrics: $set_used"
       # The first kernel profiled is FC1, the second FC2 (the call's launch order).
-      awk '/^  [A-Za-z_].*\(/ { ++k; name = k == 1 ? "FC1" : k == 2 ? "FC2" : "kernel" k }
+      # (only the kernels' header lines: the bench's own indented lines hold parentheses too)
+      awk '/^  [A-Za-z_].*Moe(Gemm|Wgmma)Kernel.*\(/ { ++k; name = k == 1 ? "FC1" : k == 2 ? "FC2" : "kernel" k }
            / (launch|gpu|dram|sm|smsp)__[a-z_.]+ / { printf "  %s %s %s\n", name, $1, $NF }' \
         "$log" | tee -a "$SUMMARY" >/dev/null
     done

@@ -22,7 +22,8 @@ Model (each assumption is named where it is used):
     Every MMA a CTA issues counts, padding tokens included.
   * A GEMM takes max(DRAM time, MMA time): the cp.async pipeline overlaps the two. The routing
     kernels (quantize, CUB sort, offsets) and the combine add a fixed latency per chunk.
-  * --pair-chunks (MXMOE_PAIR_CHUNKS=1, cuda_moe.cu's RunPairChunks): a call too large for one
+  * --pair-chunks (the library's default since perf-log v18; without the flag the model takes token
+    chunks, MXMOE_PAIR_CHUNKS=0; cuda_moe.cu's RunPairChunks): a call too large for one
     chunk routes all its tokens once (per-token buffers at most half the target) and runs ranges of
     its sorted pairs, as long as the rest of the target allows and of equal length. An expert's
     weights are read once per call, and once more per range boundary that cuts it (range - 1
@@ -205,7 +206,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", default="1,8,32,1024,16384")
     ap.add_argument("--markdown", action="store_true", help="only the summary table, as Markdown")
-    ap.add_argument("--pair-chunks", action="store_true", help="calls that chunk run in pair chunks (MXMOE_PAIR_CHUNKS=1)")
+    ap.add_argument("--pair-chunks", action="store_true", help="calls that chunk run in pair chunks (the default; without it, token chunks as with MXMOE_PAIR_CHUNKS=0)")
     args = ap.parse_args()
     rows = [(model_pairs if args.pair_chunks else model)(int(t)) for t in args.tokens.split(",")]
     w13_bytes, w2_bytes = expert_bytes()

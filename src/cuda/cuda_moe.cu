@@ -396,7 +396,7 @@ constexpr size_t kWorkspaceTarget = size_t{2} << 30;
 std::atomic<size_t> g_workspace_target{0};
 
 cuda::EnvSwitch& PairChunks() {
-  static cuda::EnvSwitch on{"MXMOE_PAIR_CHUNKS", false};
+  static cuda::EnvSwitch on{"MXMOE_PAIR_CHUNKS", true};  // (perf-log v18: 4.6-4.8% faster on the H200)
   return on;
 }
 // Device staging for the upload at Create, per buffer (two alternate).
