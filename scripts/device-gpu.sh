@@ -15,7 +15,8 @@ OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
 STAGES=${*:-all}
 BUILD=build-gpu
-SUMMARY="$OUT/summary.txt"
+# (named to sort first: the device tool returns only the first few files of $OUT in name order)
+SUMMARY="$OUT/00summary.txt"
 : > "$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
 named() { [[ " $STAGES " == *" $1 "* ]]; }  # stage $1 was asked for by name
