@@ -175,20 +175,21 @@ if want bench2; then
   done
 fi
 
-# Not part of `all`: `scripts/device-gpu.sh build sprofile`. Where the FC1 wgmma kernel's warps
+# Not part of `all`: `scripts/device-gpu.sh build sprofile`. Where the FC1 GEMM kernel's warps
 # stall, per SASS instruction (Nsight Compute's PC sampling; clocks left alone), Kimi-K3 shape with
-# SPROFILE_EXPERTS experts (default 128: full 128-token tiles; 896 for the benchmark's ~80-wide
-# MMAs), T = 4096, the kernel the environment picks (MXMOE_FC1_PERSISTENT, MXMOE_GEMM_CONFIG,
-# default wg128): $OUT/sprofile.csv, and the instructions with the most samples
-# (scripts/sprofile_top.py, which also reads the CSV on any machine). First run on the device in
-# perf-log v8.
+# SPROFILE_EXPERTS experts (default 128: full 128-token tiles; 896 for the benchmark's shape), at
+# T = SPROFILE_TOKENS (default 4096), the kernel the environment picks (MXMOE_FC1_PERSISTENT,
+# MXMOE_GEMM_CONFIG, default wg128; e.g. SPROFILE_EXPERTS=896 SPROFILE_TOKENS=1024
+# MXMOE_GEMM_CONFIG=n32 for the mma.sync kernel at T = 1024): $OUT/sprofile.csv, and the
+# instructions with the most samples (scripts/sprofile_top.py, which also reads the CSV on any
+# machine). First run on the device in perf-log v8.
 if named sprofile; then
   t0=$(secs)
   rep=/tmp/mxmoe_sprofile
-  MXMOE_GEMM_CONFIG=${MXMOE_GEMM_CONFIG:-wg128} timeout 200 ncu --clock-control none -k regex:MoeWgmma -c 1 \
+  MXMOE_GEMM_CONFIG=${MXMOE_GEMM_CONFIG:-wg128} timeout 200 ncu --clock-control none -k regex:'Moe(Gemm|Wgmma)Kernel' -c 1 \
     --section SourceCounters --section WarpStateStats -f -o "$rep" \
-    "$BUILD/bin/mxmoe" bench --shapes kimi-k3 --routing uniform --experts "${SPROFILE_EXPERTS:-128}" --tokens 4096 --repeats 1 --warmup 0 \
-    --no-graph >"$OUT/sprofile_run.log" 2>&1
+    "$BUILD/bin/mxmoe" bench --shapes kimi-k3 --routing uniform --experts "${SPROFILE_EXPERTS:-128}" \
+    --tokens "${SPROFILE_TOKENS:-4096}" --repeats 1 --warmup 0 --no-graph >"$OUT/sprofile_run.log" 2>&1
   note "sprofile run: rc=$?"
   ncu --import "$rep.ncu-rep" --page source --csv --print-source sass >"$OUT/sprofile.csv" 2>"$OUT/sprofile_err.log"
   note "sprofile export: rc=$? $(wc -l <"$OUT/sprofile.csv") lines in $(( $(secs) - t0 )) s"
