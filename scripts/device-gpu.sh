@@ -15,6 +15,7 @@ OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
 STAGES=${*:-all}
 BUILD=build-gpu
+GEMM_KERNELS='Moe(Gemm|Wgmma)Kernel'  # the fused GEMMs' kernel names, as a regex (FC1 launches first)
 # (named to sort first: the device tool returns only the first few files of $OUT in name order)
 SUMMARY="$OUT/00summary.txt"
 : > "$SUMMARY"
@@ -132,7 +133,7 @@ if want kprofile; then
   # Kernel durations of the prefill GEMMs per config (Nsight Compute, clocks left alone): FC1 and
   # FC2 of the bench's check run, Kimi-K3 shape with 128 experts, T = 4096.
   for cfg in ${BENCH_CONFIGS:-n32 wg128 wg128d wg128d8}; do
-    MXMOE_GEMM_CONFIG=$cfg timeout 90 ncu --clock-control none -k regex:'Moe(Gemm|Wgmma)Kernel' --metrics gpu__time_duration.sum -c 2 \
+    MXMOE_GEMM_CONFIG=$cfg timeout 90 ncu --clock-control none -k regex:"$GEMM_KERNELS" --metrics gpu__time_duration.sum -c 2 \
       "$BUILD/bin/mxmoe" bench --shapes kimi-k3 --routing uniform --experts 128 --tokens 4096 --repeats 1 --warmup 0 --no-graph \
       >"$OUT/kprofile_$cfg.log" 2>&1
     note "kernel durations ($cfg, 128 experts, T = 4096): rc=$? $(grep -E 'gpu__time_duration.sum' "$OUT/kprofile_$cfg.log" | awk '{print $NF " " $(NF-1)}' | tr '\n' ' ')"
@@ -186,7 +187,7 @@ fi
 if named sprofile; then
   t0=$(secs)
   rep=/tmp/mxmoe_sprofile
-  MXMOE_GEMM_CONFIG=${MXMOE_GEMM_CONFIG:-wg128} timeout 200 ncu --clock-control none -k regex:'Moe(Gemm|Wgmma)Kernel' -c 1 \
+  MXMOE_GEMM_CONFIG=${MXMOE_GEMM_CONFIG:-wg128} timeout 200 ncu --clock-control none -k regex:"$GEMM_KERNELS" -c 1 \
     --section SourceCounters --section WarpStateStats -f -o "$rep" \
     "$BUILD/bin/mxmoe" bench --shapes kimi-k3 --routing uniform --experts "${SPROFILE_EXPERTS:-128}" \
     --tokens "${SPROFILE_TOKENS:-4096}" --repeats 1 --warmup 0 --no-graph >"$OUT/sprofile_run.log" 2>&1
@@ -243,7 +244,7 @@ if named pipes; then
       log="$OUT/pipes_${cfg//\//-}_$t.log"  # (an FC1/FC2 pair names no subfolder)
       set_used=listed
       for m in "$metrics" "$base"; do  # (the listed names, or the base set if ncu refuses one of them)
-        env "${forced[@]}" timeout 150 ncu --clock-control none -k regex:'Moe(Gemm|Wgmma)Kernel' -c 2 --metrics "$m" \
+        env "${forced[@]}" timeout 150 ncu --clock-control none -k regex:"$GEMM_KERNELS" -c 2 --metrics "$m" \
           "$BUILD/bin/mxmoe" bench --shapes kimi-k3 --routing uniform --tokens "$t" --repeats 1 --warmup 0 \
           --no-graph --check-tokens 1 >"$log" 2>&1
         rc=$?
@@ -253,7 +254,7 @@ if named pipes; then
       note "pipes ($cfg, T = $t): rc=$rc, metrics: $set_used"
       # The first kernel profiled is FC1, the second FC2 (the call's launch order).
       # (only the kernels' header lines: the bench's own indented lines hold parentheses too)
-      awk '/^  [A-Za-z_].*Moe(Gemm|Wgmma)Kernel.*\(/ { ++k; name = k == 1 ? "FC1" : k == 2 ? "FC2" : "kernel" k }
+      awk -v kernels="$GEMM_KERNELS" '$0 ~ ("^  [A-Za-z_].*" kernels ".*[(]") { ++k; name = k == 1 ? "FC1" : k == 2 ? "FC2" : "kernel" k }
            / (launch|gpu|dram|sm|smsp)__[a-z_.]+ / { printf "  %s %s %s\n", name, $1, $NF }' \
         "$log" | tee -a "$SUMMARY" >/dev/null
     done

@@ -129,19 +129,24 @@ def chunk_terms(chunk, extra_tiles=0, extra_reads=0):
 def finish(r, tokens, parts, fixed_per_part):
     """The call's times from a chunk's terms r, run as `parts` equal parts (chunks, or ranges of one
     outer chunk); every per-part quantity in r is divided by parts."""
-    w13_bytes, w2_bytes = expert_bytes()
     per = {k: r[k] / parts for k in ("mma13", "mma2", "b_w13", "b_w2", "b_act13", "b_act2", "b_prep", "b_comb")}
     t_mma13, t_mma2 = per["mma13"] / MMA_RATE, per["mma2"] / MMA_RATE
     t13 = max((per["b_w13"] + per["b_act13"]) / DRAM_BPS, t_mma13)
     t2 = max((per["b_w2"] + per["b_act2"]) / DRAM_BPS, t_mma2)
     t_other = (per["b_prep"] + per["b_comb"]) / DRAM_BPS + fixed_per_part
+    r.update(per, tokens=tokens, ctas13=r["tiles"] / parts * r["n_blocks13"], ctas2=r["tiles"] / parts * r["n_blocks2"],
+             t_mma13=t_mma13, t_mma2=t_mma2, t13=t13, t2=t2, t_other=t_other,
+             useful_mma=(r["pairs"] * 3 * K * I * 2 / MMA_FLOP) / (r["mma13"] + r["mma2"]), **roofline(tokens))
+    return r
+
+
+def roofline(tokens):
+    """A call's useful FLOP, the weight bytes of the experts it touches, and the larger of the two
+    times at the machine's rates."""
+    w13_bytes, w2_bytes = expert_bytes()
     flop = 2 * tokens * TOPK * 3 * K * I
     roof_bytes = E * (1 - (1 - TOPK / E) ** tokens) * (w13_bytes + w2_bytes)
-    r.update(per, tokens=tokens, ctas13=r["tiles"] / parts * r["n_blocks13"], ctas2=r["tiles"] / parts * r["n_blocks2"],
-             t_mma13=t_mma13, t_mma2=t_mma2, t13=t13, t2=t2, t_other=t_other, flop=flop,
-             useful_mma=(r["pairs"] * 3 * K * I * 2 / MMA_FLOP) / (r["mma13"] + r["mma2"]), roof_bytes=roof_bytes,
-             roof_s=max(roof_bytes / DRAM_BPS, flop / (MMA_RATE * MMA_FLOP)))
-    return r
+    return dict(flop=flop, roof_bytes=roof_bytes, roof_s=max(roof_bytes / DRAM_BPS, flop / (MMA_RATE * MMA_FLOP)))
 
 
 def model(tokens):
@@ -188,9 +193,8 @@ def model_pairs(tokens):
     if rest:
         last = outer_chunk(rest, cap)
         total, chunks = total + last["outer_total"], chunks + last["ranges"]
-    whole = model(tokens)  # (the call's FLOP and roofline)
     r.update(tokens=tokens, chunks=chunks, chunk=outer, per_token=per_token, per_pair=per_pair, total=total,
-             flop=whole["flop"], roof_bytes=whole["roof_bytes"], roof_s=whole["roof_s"])
+             **roofline(tokens))
     return r
 
 

@@ -90,17 +90,38 @@ struct Arena {
 
 bool Aligned(const void* p, size_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
-// The routing's buffers of a workspace layout (token or pair chunks) in the workspace at ws.
+// Where a workspace layout (token or pair chunks) keeps the routing: the sort's keys and pair ids
+// of n pairs, then (after what a layout puts between) the experts' offsets, the tile list, the
+// tile count and the sort's scratch. Both layouts take them in this order through the two calls.
+struct RoutingLayout {
+  size_t keys_in, keys_out, vals_in, vals_out, offsets, tile_offsets, tiles, num_tiles, sort_temp;
+  void TakeSort(Arena& a, size_t n) {
+    keys_in = a.Take(n * 4);
+    keys_out = a.Take(n * 4);
+    vals_in = a.Take(n * 4);
+    vals_out = a.Take(n * 4);
+  }
+  // experts: num_local + 1 offsets; tile_pairs: the pairs the tile list covers (every tile holds
+  // >= 1 pair).
+  void TakeTiles(Arena& a, size_t experts, size_t tile_pairs, size_t sort_temp_bytes) {
+    offsets = a.Take(experts * 4);
+    tile_offsets = a.Take(experts * 4);
+    tiles = a.Take(tile_pairs * 8);
+    num_tiles = a.Take(8);  // the tile count, then the persistent FC1 kernel's work counter
+    sort_temp = a.Take(sort_temp_bytes);
+  }
+};
+
+// The routing's buffers in the workspace at ws.
 struct RoutingBuffers {
   int32_t *keys_in, *keys_out, *vals_in, *vals_out, *offsets, *tile_offsets;
   int2* tiles;
   int32_t* num_tiles;
 };
-template <class Layout>
-RoutingBuffers RoutingIn(const Layout& l, uint8_t* ws) {
+RoutingBuffers RoutingIn(const RoutingLayout& r, uint8_t* ws) {
   const auto i32 = [ws](size_t off) { return reinterpret_cast<int32_t*>(ws + off); };
-  return {i32(l.keys_in),      i32(l.keys_out),  i32(l.vals_in), i32(l.vals_out), i32(l.offsets),
-          i32(l.tile_offsets), reinterpret_cast<int2*>(ws + l.tiles), i32(l.num_tiles)};
+  return {i32(r.keys_in),      i32(r.keys_out),  i32(r.vals_in), i32(r.vals_out), i32(r.offsets),
+          i32(r.tile_offsets), reinterpret_cast<int2*>(ws + r.tiles), i32(r.num_tiles)};
 }
 
 // Largest finite UE8M0 byte of a scale tensor.
@@ -453,7 +474,8 @@ class CudaMoeImpl final : public CudaMoe {
  private:
   class DebugScope;
   struct RunLayout {
-    size_t xq, h, y, keys_in, keys_out, vals_in, vals_out, offsets, tile_offsets, tiles, num_tiles, sort_temp;
+    size_t xq, h, y;
+    RoutingLayout route;
     size_t total;
   };
   struct RefLayout {
@@ -464,8 +486,8 @@ class CudaMoeImpl final : public CudaMoe {
   // at most `pairs` sorted positions, and the fp32 sums of the ranges before.
   struct PairLayout {
     int64_t tokens = 0, pairs = 0;
-    size_t xq, keys_in, keys_out, vals_in, vals_out, pos_of_pair, sorted_weights, offsets, tile_offsets, tiles,
-        num_tiles, sort_temp;
+    size_t xq, pos_of_pair, sorted_weights;
+    RoutingLayout route;
     size_t iota, h, y, acc;
     size_t total;
   };
@@ -477,15 +499,8 @@ class CudaMoeImpl final : public CudaMoe {
     l.xq = a.Take(path_->XqBytes(chunk));
     l.h = a.Take(path_->HBytes(static_cast<int64_t>(pairs)));
     l.y = a.Take(pairs * dims_.hidden * 4);
-    l.keys_in = a.Take(pairs * 4);
-    l.keys_out = a.Take(pairs * 4);
-    l.vals_in = a.Take(pairs * 4);
-    l.vals_out = a.Take(pairs * 4);
-    l.offsets = a.Take(experts * 4);
-    l.tile_offsets = a.Take(experts * 4);
-    l.tiles = a.Take(pairs * 8);  // every tile holds >= 1 pair
-    l.num_tiles = a.Take(8);  // the tile count, then the persistent FC1 kernel's work counter
-    l.sort_temp = a.Take(sort_temp_bytes_);
+    l.route.TakeSort(a, pairs);
+    l.route.TakeTiles(a, experts, pairs, sort_temp_bytes_);
     l.total = a.Take(0);
     return l;
   }
@@ -497,17 +512,10 @@ class CudaMoeImpl final : public CudaMoe {
     l.tokens = tokens;
     l.pairs = pairs;
     l.xq = a.Take(path_->XqBytes(tokens));
-    l.keys_in = a.Take(all * 4);
-    l.keys_out = a.Take(all * 4);
-    l.vals_in = a.Take(all * 4);
-    l.vals_out = a.Take(all * 4);
+    l.route.TakeSort(a, all);
     l.pos_of_pair = a.Take(all * 4);
     l.sorted_weights = a.Take(all * 4);
-    l.offsets = a.Take(experts * 4);
-    l.tile_offsets = a.Take(experts * 4);
-    l.tiles = a.Take(static_cast<size_t>(pairs) * 8);
-    l.num_tiles = a.Take(8);
-    l.sort_temp = a.Take(pair_sort_temp_bytes_);
+    l.route.TakeTiles(a, experts, static_cast<size_t>(pairs), pair_sort_temp_bytes_);
     l.acc = a.Take(static_cast<size_t>(tokens * dims_.hidden) * 4);
     l.iota = a.Take(static_cast<size_t>(pairs) * 4);
     l.h = a.Take(path_->HBytes(pairs));
@@ -849,7 +857,7 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
   const RunLayout l = PlanRun(choice.chunk_tokens);
   uint8_t* ws = static_cast<uint8_t*>(workspace);
   auto at = [ws](size_t off) { return ws + off; };
-  const auto [keys_in, keys_out, vals_in, vals_out, offsets, tile_offsets, tiles, num_tiles] = RoutingIn(l, ws);
+  const auto [keys_in, keys_out, vals_in, vals_out, offsets, tile_offsets, tiles, num_tiles] = RoutingIn(l.route, ws);
   float* y = reinterpret_cast<float*>(at(l.y));
   const size_t out_elt = OutputDTypeSize(out.dtype);
   GemmCall call = LayerCall();
@@ -893,7 +901,7 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
       MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchRouteSmall(rp, stream), "routing kernel (small calls)"));
     } else {
       MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchPrepare(pp, stream), "input quantization / routing keys kernel"));
-      MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::SortPairs(at(l.sort_temp), sort_temp_bytes_, keys_in, keys_out, vals_in,
+      MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::SortPairs(at(l.route.sort_temp), sort_temp_bytes_, keys_in, keys_out, vals_in,
                                                       vals_out, pairs, key_bits_, stream),
                                       "routing sort"));
       MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchOffsetsAndTiles(keys_out, pairs, static_cast<int32_t>(n_local),
@@ -956,7 +964,7 @@ Status CudaMoeImpl::RunPairChunks(const MoeInput& in, const MoeOutput& out, uint
   // The configs for the density of a whole outer chunk: a range holds whole runs of experts.
   const GemmChoice gemm = path_->Choose(cuda::ChooseLaunch(dims_, l.tokens, l.tokens));
   auto at = [ws](size_t off) { return ws + off; };
-  const auto [keys_in, keys_out, vals_in, vals_out, offsets, tile_offsets, tiles, num_tiles] = RoutingIn(l, ws);
+  const auto [keys_in, keys_out, vals_in, vals_out, offsets, tile_offsets, tiles, num_tiles] = RoutingIn(l.route, ws);
   int32_t* pos_of_pair = reinterpret_cast<int32_t*>(at(l.pos_of_pair));
   float* sorted_weights = reinterpret_cast<float*>(at(l.sorted_weights));
   const size_t out_elt = OutputDTypeSize(out.dtype);
@@ -975,7 +983,7 @@ Status CudaMoeImpl::RunPairChunks(const MoeInput& in, const MoeOutput& out, uint
     const int64_t tc = std::min(l.tokens, t_count - t0), pairs = tc * top_k;
     MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchPrepare(PrepareOf(in, call, t0, tc, keys_in, vals_in), stream),
                                     "input quantization / routing keys kernel"));
-    MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::SortPairs(at(l.sort_temp), pair_sort_temp_bytes_, keys_in, keys_out, vals_in,
+    MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::SortPairs(at(l.route.sort_temp), pair_sort_temp_bytes_, keys_in, keys_out, vals_in,
                                                     vals_out, pairs, key_bits_, stream),
                                     "routing sort"));
     MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchPairPositions(vals_out, in.topk_weights + t0 * top_k, pairs,

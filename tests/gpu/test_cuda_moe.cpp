@@ -684,14 +684,9 @@ TEST(CudaMoeChunks, PairChunksOnExpertSlicesMatchReference) {
   const uint64_t seed = 731;
   const SyntheticInput in = Input(s, 600, RoutingPattern::kUniform, 732);
   ChunkSettings chunked(size_t{1} << 20, true);
-  std::vector<float> full, sum(static_cast<size_t>(in.num_tokens * s.hidden), 0.0f);
-  {
-    ExpertSet set = SyntheticSet(s, act, seed);
-    auto moe = MakeCudaMoe(set);
-    ASSERT_TRUE(moe);
-    DeviceCase dc(*moe, in);
-    full = dc.RunF32();
-  }
+  const auto full = RunSlice(s, act, seed, {}, in);
+  ASSERT_FALSE(full.empty());
+  std::vector<float> sum(full.size(), 0.0f);
   for (int r = 0; r < 4; ++r) {
     ParallelSlice slice;
     slice.ep_size = 4;
