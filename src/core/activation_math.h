@@ -30,11 +30,45 @@ MXMOE_HD float act_div(float a, float b) {
 #endif
 }
 
-MXMOE_HD float act_sigmoid(float x) { return act_div(1.0f, 1.0f + expf(-x)); }
+// e^x. Device code takes 2^(x log2 e) from MUFU.EX2 (ex2.approx.ftz, relative error about 2^-22;
+// the rounded product adds |x| 2^-24 relative, ~2^-18 at |x| = 40): two instructions against
+// expf's ~8 with its extra-precise range reduction, which the FC1 epilogues, bound by instruction
+// issue (perf-log v9, v19), paid per value. Results below 2^-126 are flushed to 0.
+MXMOE_HD float act_exp(float x) {
+#if defined(__CUDA_ARCH__) && !defined(MXMOE_ACT_LIBM)
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x * 1.4426950408889634f));
+  return r;
+#else
+  return expf(x);
+#endif
+}
+
+MXMOE_HD float act_sigmoid(float x) { return act_div(1.0f, 1.0f + act_exp(-x)); }
+
+// beta * tanh(x / beta). The CPU calls tanhf. Device code (libdevice's tanhf is ~20 instructions
+// with two MUFU ops, and Situ takes two of them per value) uses, with y = x / beta:
+//   |y| < 1/8: the odd Taylor series to y^7; the first term left out, 62 y^9 / 2835, is below
+//     2^-29 of tanh(y) there;
+//   otherwise: 1 - 2 / (1 + e^(2y)), whose absolute error (a few 2^-24 from e^(2y) and the
+//     reciprocal) is at most ~2^-19 of tanh(y) for |y| >= 1/8. It saturates to +-1 exactly
+//     (e^(2y) = inf or 0) and passes NaN on; |result| <= beta.
+// tests/gpu/test_activation_device.cu holds the device forms to kTolDeviceActivation against double.
+MXMOE_HD float act_tanh_scaled(float x, float beta) {
+#if defined(__CUDA_ARCH__) && !defined(MXMOE_ACT_LIBM)
+  const float y = act_div(x, beta);
+  const float y2 = y * y;
+  const float series = y * fmaf(y2, fmaf(y2, fmaf(y2, -17.0f / 315.0f, 2.0f / 15.0f), -1.0f / 3.0f), 1.0f);
+  const float closed = fmaf(-2.0f, act_div(1.0f, 1.0f + act_exp(2.0f * y)), 1.0f);
+  return beta * (fabsf(y) < 0.125f ? series : closed);
+#else
+  return beta * tanhf(act_div(x, beta));
+#endif
+}
 
 // Situ (Kimi-K3): beta*tanh(g/beta)*sigmoid(g) * beta_lin*tanh(u/beta_lin); |act| <= beta*beta_lin.
 MXMOE_HD float act_situ(float g, float u, float beta, float linear_beta) {
-  return beta * tanhf(act_div(g, beta)) * act_sigmoid(g) * (linear_beta * tanhf(act_div(u, linear_beta)));
+  return act_tanh_scaled(g, beta) * act_sigmoid(g) * act_tanh_scaled(u, linear_beta);
 }
 
 MXMOE_HD float act_swiglu(float g, float u) { return g * act_sigmoid(g) * u; }

@@ -25,6 +25,11 @@ struct Tolerance {
 // fp32 elementary functions (expf, tanhf, erff) against the same formula in double: a few ulp of
 // each factor, plus an absolute floor for results that are a cancellation (1 + erf(g) for g << 0).
 inline constexpr Tolerance kTolF32Math{1e-6, 1e-5, "f32 math vs double"};
+// The device forms of the activations (MUFU.EX2 / MUFU.RCP and a short series, activation_math.h)
+// against double: relative only, the bound the series and the closed form of tanh are derived to
+// (~2^-19 each) with room for the sigmoid and the products; the absolute floor only for results the
+// device flushes to 0 (sigmoid of x < -87).
+inline constexpr Tolerance kTolDeviceActivation{1e-30, 1e-5, "device activation vs double"};
 // fp32 results made of the same exact products summed in another order (fp32 accumulation on a
 // device vs the reference's exact double sums): error ~ n * 2^-24 * sum |terms|, not * |ref|, hence
 // the absolute part (outputs of the synthetic layers are of order 1).

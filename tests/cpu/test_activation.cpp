@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/activation_double.h"
 #include "common/compare.h"
 #include "core/activation_math.h"
 #include "mxmoe/activation.h"
@@ -16,7 +17,12 @@
 namespace mxmoe {
 namespace {
 
+using test::GegluD;
+using test::GegluTanhD;
 using test::kTolF32Math;
+using test::SituD;
+using test::SwigluBiasD;
+using test::SwigluD;
 
 // ---- the enum -----------------------------------------------------------------------------------
 
@@ -117,21 +123,6 @@ TEST(ActivationEnum, CheckSupportedRefusesByName) {
 }
 
 // ---- the math, against double formulas ------------------------------------------------------------
-
-double Sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-double SituD(double g, double u, double beta, double lin) {
-  return beta * std::tanh(g / beta) * Sigmoid(g) * lin * std::tanh(u / lin);
-}
-double SwigluD(double g, double u) { return g * Sigmoid(g) * u; }
-double SwigluBiasD(double g, double u, double alpha, double limit) {
-  const double gc = std::min(g, limit), uc = std::clamp(u, -limit, limit);
-  return gc * Sigmoid(alpha * gc) * (uc + 1.0);
-}
-double GegluD(double g, double u) { return 0.5 * g * (1.0 + std::erf(g / std::sqrt(2.0))) * u; }
-double GegluTanhD(double g, double u) {
-  const double k = 0.79788456080286535588;  // sqrt(2 / pi)
-  return 0.5 * g * (1.0 + std::tanh(k * (g + 0.044715 * g * g * g))) * u;
-}
 
 // (g, u) points of the interesting range (g and u of order 1, a few far out).
 const std::vector<std::pair<float, float>>& Points() {
@@ -257,7 +248,7 @@ TEST(ActivationMath, SwigluBiasFormulaAndClamps) {
   EXPECT_NEAR(act_swiglu_bias(1.0f, 0.0f, 1.702f, 7.0f), 1 / (1 + std::exp(-1.702)), 1e-6);
   EXPECT_NEAR(act_swiglu_bias(1.0f, 0.0f, 0.5f, 7.0f), 1 / (1 + std::exp(-0.5)), 1e-6);
   // Worked GPT-OSS value: g = 10 -> 7, u = -9 -> -7: 7 sigma(11.914) (-6).
-  EXPECT_NEAR(act_swiglu_bias(10.0f, -9.0f, 1.702f, 7.0f), 7 * Sigmoid(1.702 * 7) * -6, 1e-5);
+  EXPECT_NEAR(act_swiglu_bias(10.0f, -9.0f, 1.702f, 7.0f), 7 * test::SigmoidD(1.702 * 7) * -6, 1e-5);
 }
 
 TEST(ActivationMath, GegluErf) {
