@@ -208,12 +208,13 @@ struct GemmParams {
 // of 4 warps (perf-log v10.1), n8c2 n8 with each tile's reduction split between the two CTAs of a
 // cluster (perf-log v12), wg32x2d wgmma tiles of up to 32 tokens, 3 MMA groups in flight, two
 // CTAs per SM (perf-log v13.1), n8c4 n8c2 with clusters of four (perf-log v13.2), wg128d4x2 and
-// wg128d3x3 wg128d8's ring as 4 stages of two reduction steps and 3 stages of three (perf-log v14).
+// wg128d3x3 wg128d8's ring as 4 stages of two reduction steps and 3 stages of three (perf-log v14),
+// wg128h BLOCK_N 128 with half a row block per CTA and two CTAs per SM (perf-log v19).
 enum class GemmConfigId : int {
   kN8 = 0, kN32 = 1, kN64 = 2, kWg64 = 3, kWg128 = 4, kWg128d = 5, kWg128d8 = 6, kN8k2 = 7, kN8c2 = 8,
-  kWg32x2d = 9, kN8c4 = 10, kWg128d4x2 = 11, kWg128d3x3 = 12
+  kWg32x2d = 9, kN8c4 = 10, kWg128d4x2 = 11, kWg128d3x3 = 12, kWg128h = 13
 };
-inline constexpr int kNumGemmConfigs = 13;
+inline constexpr int kNumGemmConfigs = 14;
 
 struct GemmConfigInfo {
   const char* name;

@@ -34,10 +34,13 @@ struct TileCoords {
   int64_t group0;  // first row group of the CTA's block
 };
 
+// kMFrags * kWGs row groups per warp index: 4 for CTAs of a whole block (256 rows), 2 for the
+// half-block CTAs of wg128h (128 rows, one fragment per warp).
 template <int kMFrags, int kWGs>
 __device__ __forceinline__ int FragRowGroup(int warp, int wg, int f) {
-  static_assert(kMFrags * kWGs == kWarpRowGroups, "a warp's fragments over all warpgroups = 4 row groups");
-  return kWarpRowGroups * warp + kMFrags * wg + f;
+  static_assert(kMFrags * kWGs == kWarpRowGroups || kMFrags * kWGs == kWarpRowGroups / 2,
+                "a warp index's fragments over all warpgroups = 4 (or, half blocks, 2) row groups");
+  return kMFrags * kWGs * warp + kMFrags * wg + f;
 }
 
 // A non-finite activation makes its MX block's scale NaN; encoding it as +inf keeps one
@@ -50,25 +53,29 @@ __device__ __forceinline__ float AmaxTerm(float a) {
 // FC1 goes through shared memory. Kept in registers, the activation and re-quantization of a
 // fragment layout unrolled into one copy per accumulator pair (the wg128 FC1 kernel was ~48 K lines
 // of SASS against FC2's ~7 K; perf-log v6). Staged, one loop serves every tile width:
-//   1. every thread writes its gate and up accumulators into two fp32 planes [kBlockN][kStagedStride]
-//      (row = token column, index = the block's intermediate index 8 rg + g);
-//   2. every warp takes whole token columns (RequantizeColumns): lane l computes intermediates
-//      64 h + 2 l, +1 (h = 0, 1), each half-warp reduces its MX block's amax with shuffles, and
-//      the warp stores 64 consecutive bf16 of h per h.
-// The stride 132 = 128 + 4 keeps step 1 free of bank conflicts (a warp writes 8 consecutive indices
-// of 4 columns two apart: 2 * 132 * 4 bytes apart = 8 banks) and step 2 reads 64 consecutive floats
-// (8-byte aligned pairs: 132 is even).
-inline constexpr int kStagedStride = kBlockRowGroups * 8 + 4;
+//   1. every thread writes its gate and up accumulators into two fp32 planes
+//      [kBlockN][StagedStride<kIdx>] (row = token column, index = the CTA's intermediate index
+//      8 rg + g; kIdx = 128 intermediates for a block of 256 rows, 64 for wg128h's half blocks);
+//   2. every warp takes whole token columns (RequantizeColumns): kIdx / 8 lanes per column, each
+//      with 8 consecutive intermediates; the 4 lanes of an MX block reduce its amax with two
+//      shuffles, and each lane stores its 8 values as 16 bytes of h.
+// The stride kIdx + 4 (132 or 68, both 4 mod 32) keeps step 1 free of bank conflicts (a warp
+// writes 8 consecutive indices of 4 columns two apart: 2 * 4 mod 32 = 8 banks apart) and lets
+// step 2 read 16-byte aligned runs (the stride is a multiple of 4).
+template <int kIdx>
+inline constexpr int StagedStride = kIdx + 4;
+inline constexpr int kStagedStride = StagedStride<kBlockRowGroups * 8>;
 
-template <int kBlockN>
-inline constexpr int kFc1StagedBytes = 2 * kBlockN * kStagedStride * 4;
+template <int kBlockN, int kIdx = kBlockRowGroups * 8>
+inline constexpr int kFc1StagedBytes = 2 * kBlockN * StagedStride<kIdx> * 4;
 
 // Step 1 for this thread's fragments (kNTiles * 8 columns of planes kBlockN wide). Callers then
 // hold a barrier over every thread of the tile.
-template <int kMFrags, int kNTiles, int kWGs, int kBlockN>
+template <int kMFrags, int kNTiles, int kWGs, int kBlockN, int kIdx = kBlockRowGroups * 8>
 __device__ __forceinline__ void StageFc1(const float (&acc)[kMFrags][kNTiles][4], int warp, int wg, int lane,
                                          float* staged) {
   static_assert(kNTiles * 8 <= kBlockN, "columns of the planes");
+  constexpr int kStagedStride = StagedStride<kIdx>;
   const int g = lane >> 2, c = lane & 3;
   float* up = staged + kBlockN * kStagedStride;
 #pragma unroll
@@ -86,63 +93,58 @@ __device__ __forceinline__ void StageFc1(const float (&acc)[kMFrags][kNTiles][4]
 }
 
 // Step 2, the MXFP8 re-quantization of a tile's token columns by `warps` warps with ids
-// 0 .. warps - 1. Lane l of a warp holds the intermediates 64 h + 2 l and 64 h + 2 l + 1 (h = 0, 1)
-// of a column, value(col, idx) giving both as a float2: half-warp l / 16 holds MX block 2 h + l / 16,
-// whose amax takes four shuffles, and each lane stores its two values as one bf16x2 into
-// h[sorted position, i]. A warp takes kEpilogueCols columns per pass for independent work. (The
-// version before, one value per lane and item = column * blocks + block, spent ~220 instructions per
-// value with the Situ activation and the FC1 kernels a third of their time here: perf-log v9.)
-inline constexpr int kEpilogueCols = 2;
-
-template <class Value>
+// 0 .. warps - 1. A warp takes 32 / (kIdx / 8) columns per pass: lane l holds the 8 intermediates
+// 8 (l % L) .. + 7 of column l / L (L = kIdx / 8 lanes per column), value(col, idx) giving 4 of
+// them as a float4; lanes 4 b .. 4 b + 3 of a column hold MX block b, whose amax takes two
+// shuffles, and each lane stores its 8 values as one 16-byte run of h[sorted position, i]. (v9's
+// version, one value per lane and item = column * blocks + block, spent ~220 instructions per value
+// with the Situ activation; v19's, two values per lane and a half-warp per block, four shuffles per
+// pair of values and the scale rule per pair.)
+template <int kIdx, class Value>
 __device__ __forceinline__ void RequantizeColumns(const GemmParams& p, const TileCoords& tc, int groups,
                                                   int warp_id, int warps, int lane, const Value& value) {
-  constexpr int kCols = kEpilogueCols;
-  const int blocks = groups / kWarpRowGroups;  // rows are padded to 64: whole MX blocks of 32
-  // NOTE: h is 256-byte aligned and its stride a multiple of 64 (cuda_moe.cu): bf16x2 stores align.
-  uint16_t* const h_tile = p.h + static_cast<int64_t>(tc.seg_begin) * p.h_stride + tc.group0 * 8;
-  for (int col0 = warp_id * kCols; col0 < tc.n_valid; col0 += warps * kCols) {
-    float2 v[kCols][2];
-    float m[kCols][2];
-    bool real[kCols][2];
-#pragma unroll
-    for (int c = 0; c < kCols; ++c)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        real[c][h] = col0 + c < tc.n_valid && 2 * h + (lane >> 4) < blocks;
-        v[c][h] = real[c][h] ? value(col0 + c, 64 * h + 2 * lane) : make_float2(0.0f, 0.0f);
-        m[c][h] = fmaxf(AmaxTerm(v[c][h].x), AmaxTerm(v[c][h].y));
-      }
-#pragma unroll
-    for (int off = 1; off < 16; off <<= 1)
-#pragma unroll
-      for (int c = 0; c < kCols; ++c)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) m[c][h] = fmaxf(m[c][h], __shfl_xor_sync(0xFFFFFFFFu, m[c][h], off));
-#pragma unroll
-    for (int c = 0; c < kCols; ++c)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        if (!real[c][h]) continue;
-        // A block holding NaN or Inf has a NaN scale: all its values are NaN.
-        const uint32_t out = m[c][h] <= FLT_MAX
-                                 ? DequantizedMxfp8PairBf16(v[c][h].x, v[c][h].y, Mxfp8ScaleExponent(m[c][h]))
-                                 : 0x7FFF7FFFu;
-        *reinterpret_cast<uint32_t*>(h_tile + static_cast<int64_t>(col0 + c) * p.h_stride + 64 * h + 2 * lane) = out;
-      }
+  static_assert(kIdx == 64 || kIdx == 128, "a CTA's intermediates: a half or a whole block");
+  constexpr int kLanesPerCol = kIdx / 8, kColsPerPass = 32 / kLanesPerCol;
+  const int idx = 8 * (lane % kLanesPerCol), col_in_pass = lane / kLanesPerCol;
+  // Rows are padded to 64: whole MX blocks of 32 intermediates (4 row groups each).
+  const bool real_block = idx / kMxBlock < groups / kWarpRowGroups;
+  // NOTE: h is 256-byte aligned and its stride a multiple of 64 (cuda_moe.cu), and group0 is a
+  // multiple of 8 row groups: the 16-byte stores align.
+  uint16_t* const h_tile = p.h + static_cast<int64_t>(tc.seg_begin) * p.h_stride + tc.group0 * 8 + idx;
+  for (int col0 = warp_id * kColsPerPass; col0 < tc.n_valid; col0 += warps * kColsPerPass) {
+    const int col = col0 + col_in_pass;
+    const bool real = real_block && col < tc.n_valid;
+    float4 v[2] = {make_float4(0.0f, 0.0f, 0.0f, 0.0f), make_float4(0.0f, 0.0f, 0.0f, 0.0f)};
+    if (real) v[0] = value(col, idx), v[1] = value(col, idx + 4);
+    float m = fmaxf(fmaxf(fmaxf(AmaxTerm(v[0].x), AmaxTerm(v[0].y)), fmaxf(AmaxTerm(v[0].z), AmaxTerm(v[0].w))),
+                    fmaxf(fmaxf(AmaxTerm(v[1].x), AmaxTerm(v[1].y)), fmaxf(AmaxTerm(v[1].z), AmaxTerm(v[1].w))));
+    m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
+    if (!real) continue;
+    uint4 out;
+    if (m <= FLT_MAX) {
+      const int s = Mxfp8ScaleExponent(m);
+      out = make_uint4(DequantizedMxfp8PairBf16(v[0].x, v[0].y, s), DequantizedMxfp8PairBf16(v[0].z, v[0].w, s),
+                       DequantizedMxfp8PairBf16(v[1].x, v[1].y, s), DequantizedMxfp8PairBf16(v[1].z, v[1].w, s));
+    } else {
+      // A block holding NaN or Inf has a NaN scale: all its values are NaN.
+      out = make_uint4(0x7FFF7FFFu, 0x7FFF7FFFu, 0x7FFF7FFFu, 0x7FFF7FFFu);
+    }
+    *reinterpret_cast<uint4*>(h_tile + static_cast<int64_t>(col) * p.h_stride) = out;
   }
 }
 
 // Step 2 for one activation kind (a compile-time constant: the loop holds only its code).
-template <ActivationType kAct, int kBlockN>
+template <ActivationType kAct, int kBlockN, int kIdx>
 __device__ __forceinline__ void RequantizeStaged(const GemmParams& p, const TileCoords& tc, int groups,
                                                  const float* staged, int warp_id, int warps, int lane) {
+  constexpr int kStagedStride = StagedStride<kIdx>;
   const ExpertParams ep = p.experts[tc.expert];
   const float* up = staged + kBlockN * kStagedStride;
   const int64_t bias0 = static_cast<int64_t>(tc.expert) * (p.a_shape.rows / 2) + tc.group0 * 8;
-  RequantizeColumns(p, tc, groups, warp_id, warps, lane, [&](int col, int idx) {
-    const float2 g2 = *reinterpret_cast<const float2*>(staged + col * kStagedStride + idx);
-    const float2 u2 = *reinterpret_cast<const float2*>(up + col * kStagedStride + idx);
+  RequantizeColumns<kIdx>(p, tc, groups, warp_id, warps, lane, [&](int col, int idx) {
+    const float4 g4 = *reinterpret_cast<const float4*>(staged + col * kStagedStride + idx);
+    const float4 u4 = *reinterpret_cast<const float4*>(up + col * kStagedStride + idx);
     const auto act = [&](float gv, float uv, int i) {
       gv *= ep.fc1_scale;  // a power of two: exact
       uv *= ep.fc1_scale;
@@ -150,7 +152,8 @@ __device__ __forceinline__ void RequantizeStaged(const GemmParams& p, const Tile
       if (ep.has_up_bias) uv += p.up_bias[bias0 + i];
       return apply_activation(kAct, gv, uv, ep.act);
     };
-    return make_float2(act(g2.x, u2.x, idx), act(g2.y, u2.y, idx + 1));
+    return make_float4(act(g4.x, u4.x, idx), act(g4.y, u4.y, idx + 1), act(g4.z, u4.z, idx + 2),
+                       act(g4.w, u4.w, idx + 3));
   });
 }
 
@@ -193,21 +196,21 @@ inline constexpr int kActStagedBytes = kBlockN * kStagedStride * 4;
 // warps with ids 0 .. warps - 1.
 __device__ __forceinline__ void QuantizeStagedActs(const GemmParams& p, const TileCoords& tc, int groups,
                                                    const float* staged, int warp_id, int warps, int lane) {
-  RequantizeColumns(p, tc, groups, warp_id, warps, lane, [&](int col, int idx) {
-    return *reinterpret_cast<const float2*>(staged + col * kStagedStride + idx);
+  RequantizeColumns<kBlockRowGroups * 8>(p, tc, groups, warp_id, warps, lane, [&](int col, int idx) {
+    return *reinterpret_cast<const float4*>(staged + col * kStagedStride + idx);
   });
 }
 
 // FC1: activation of (gate, up) and MXFP8 re-quantization of the intermediate into h[sorted
 // position, i], from the planes StageFc1 wrote (step 2 above). Every warp of the tile calls it,
 // `warps` of them with ids 0 .. warps - 1; groups = the block's real row groups.
-template <int kBlockN>
+template <int kBlockN, int kIdx = kBlockRowGroups * 8>
 __device__ __forceinline__ void Fc1Epilogue(const GemmParams& p, const TileCoords& tc, int groups,
                                             const float* staged, int warp_id, int warps, int lane) {
   switch (p.act) {
 #define MXMOE_FC1_CASE(kind) \
   case ActivationType::kind: \
-    return RequantizeStaged<ActivationType::kind, kBlockN>(p, tc, groups, staged, warp_id, warps, lane);
+    return RequantizeStaged<ActivationType::kind, kBlockN, kIdx>(p, tc, groups, staged, warp_id, warps, lane);
     MXMOE_FC1_CASE(Situ)
     MXMOE_FC1_CASE(Swiglu)
     MXMOE_FC1_CASE(SwigluBias)
@@ -229,29 +232,25 @@ __device__ __forceinline__ void Fc2Epilogue(const GemmParams& p, const float (&a
                                             const TileCoords& tc, int warp, int wg, int lane) {
   const int g = lane >> 2, c = lane & 3;
   const float fc2_scale = p.experts[tc.expert].fc2_scale;
-  int32_t pair[kNTiles][2];
-  float weight[kNTiles][2];
+  // Each column's pair and weight are read where they are used (L1 hits for the other fragments):
+  // held for all kNTiles columns at once, they cost wg128h's consumers, at 96 registers, spills.
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       const int col = nt * 8 + 2 * c + q;
-      pair[nt][q] = col < tc.n_valid ? p.sorted_pairs[tc.seg_begin + col] : -1;
-      weight[nt][q] = col < tc.n_valid ? p.topk_weights[pair[nt][q]] : 0.0f;
-    }
+      if (col >= tc.n_valid) continue;
+      const int32_t pair = p.sorted_pairs[tc.seg_begin + col];
+      const float weight = p.topk_weights[pair];
+      float* const y_pair = p.y + static_cast<int64_t>(pair) * p.y_stride;
 #pragma unroll
-  for (int f = 0; f < kMFrags; ++f)
+      for (int f = 0; f < kMFrags; ++f)
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int64_t row = (tc.group0 + FragRowGroup<kMFrags, kWGs>(warp, wg, f)) * kTileRows + g + 8 * half;
-      if (row >= p.a_shape.rows) continue;
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-        for (int q = 0; q < 2; ++q) {
-          if (pair[nt][q] < 0) continue;
+        for (int half = 0; half < 2; ++half) {
+          const int64_t row = (tc.group0 + FragRowGroup<kMFrags, kWGs>(warp, wg, f)) * kTileRows + g + 8 * half;
+          if (row >= p.a_shape.rows) continue;
           const float y = acc[f][nt][2 * half + q] * fc2_scale;  // exact: a power of two
-          p.y[static_cast<int64_t>(pair[nt][q]) * p.y_stride + row] = weight[nt][q] * y;
+          y_pair[row] = weight * y;
         }
     }
 }

@@ -26,6 +26,7 @@ MXMOE_DECLARE_CONFIG(Wg32x2d)
 MXMOE_DECLARE_CONFIG(Wg128d4x2)
 MXMOE_DECLARE_CONFIG(Wg128d3x3)
 MXMOE_DECLARE_CONFIG(N8c4)
+MXMOE_DECLARE_CONFIG(Wg128h)
 #undef MXMOE_DECLARE_CONFIG
 }  // namespace sm90
 
@@ -44,6 +45,7 @@ GemmConfigInfo GemmInfo(GemmConfigId id) {
     case GemmConfigId::kWg128d4x2: return sm90::InfoWg128d4x2();
     case GemmConfigId::kWg128d3x3: return sm90::InfoWg128d3x3();
     case GemmConfigId::kN8c4: return sm90::InfoN8c4();
+    case GemmConfigId::kWg128h: return sm90::InfoWg128h();
   }
   return sm90::InfoN8();
 }
@@ -62,6 +64,7 @@ cudaError_t PrepareGemmKernels() {
   if (e == cudaSuccess) e = sm90::PrepareGemmWg128d4x2();
   if (e == cudaSuccess) e = sm90::PrepareGemmWg128d3x3();
   if (e == cudaSuccess) e = sm90::PrepareGemmN8c4();
+  if (e == cudaSuccess) e = sm90::PrepareGemmWg128h();
   return e;
 }
 
@@ -95,6 +98,7 @@ cudaError_t LaunchGemm(GemmConfigId id, bool fc1, const GemmParams& p, int64_t g
     case GemmConfigId::kWg128d4x2: return sm90::LaunchGemmWg128d4x2(fc1, p, grid_ctas, stream);
     case GemmConfigId::kWg128d3x3: return sm90::LaunchGemmWg128d3x3(fc1, p, grid_ctas, stream);
     case GemmConfigId::kN8c4: return sm90::LaunchGemmN8c4(fc1, p, grid_ctas, stream);
+    case GemmConfigId::kWg128h: return sm90::LaunchGemmWg128h(fc1, p, grid_ctas, stream);
   }
   return cudaErrorInvalidValue;
 }

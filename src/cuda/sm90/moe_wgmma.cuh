@@ -58,14 +58,26 @@ namespace mxmoe::cuda::sm90 {
 // kStepsPerStage: 64-wide reduction steps per stage, loaded together (one bulk copy each for the
 // weights and scales of all of them). The copies per step cost time of their own: one more per
 // step, with the same bytes, made Kimi-K3's layer ~2.5% slower at T = 4096 (perf-log v14).
-template <int kBlockN_, int kStages_, int kInFlight_ = 1, int kCtasPerSm_ = 1, int kStepsPerStage_ = 1>
+// kRowGroups: the CTA's row groups, a whole block (kBlockRowGroups, 256 rows) or half of one (wg128h:
+// 128 rows, one m64 MMA per consumer, so that two CTAs share an SM and one's epilogue overlaps the
+// other's main loop).
+template <int kBlockN_, int kStages_, int kInFlight_ = 1, int kCtasPerSm_ = 1, int kStepsPerStage_ = 1,
+          int kRowGroups_ = kBlockRowGroups>
 struct WgmmaConfig {
   static constexpr int kCtasPerSm = kCtasPerSm_;
   static constexpr int kStepsPerStage = kStepsPerStage_;
+  static constexpr int kRowGroups = kRowGroups_;
+  static constexpr int kSplit = kBlockRowGroups / kRowGroups;  // CTAs per row block
+  static constexpr int kIdx = kRowGroups * 8;                    // FC1: the CTA's intermediates
   static constexpr int kConsumers = 2;  // consumer warpgroups
-  static constexpr int kThreads = 128 * (1 + kConsumers);
-  static constexpr int kMFrags = kWarpRowGroups / kConsumers;  // m64 MMAs per consumer and k16 step
-  static constexpr int kBlockM = kBlockRowGroups * kTileRows;
+  // The producer: a warpgroup of its own (one warp busy) whose registers setmaxnreg hands to the
+  // consumers; or, for half blocks, one warp after the consumers' warpgroups and no setmaxnreg: ptxas
+  // compiles a kernel within its launch bound, and two CTAs of 384 threads per SM would allow 80
+  // registers, against the 94 that an m64n128 MMA with its operands needs.
+  static constexpr bool kProducerWarp = kRowGroups < kBlockRowGroups;
+  static constexpr int kThreads = 128 * kConsumers + (kProducerWarp ? 32 : 128);
+  static constexpr int kMFrags = kRowGroups / 4 / kConsumers;  // m64 MMAs per consumer and k16 step
+  static constexpr int kBlockM = kRowGroups * kTileRows;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kNTiles = kBlockN / 8;
   static constexpr int kStages = kStages_;
@@ -74,26 +86,30 @@ struct WgmmaConfig {
   // A stage: the B tiles of its steps first (the swizzle atoms need 1024-byte alignment), then the
   // A tiles of its steps, then their scales (each as laid out in global memory, step after step).
   static constexpr int kSubB = kBlockN * 128;
-  static constexpr int kSubA = kBlockRowGroups * kTileBytes;
-  static constexpr int kSubScales = kBlockRowGroups * kTileScaleBytes;
+  static constexpr int kSubA = kRowGroups * kTileBytes;
+  static constexpr int kSubScales = kRowGroups * kTileScaleBytes;
   static constexpr int kSmemStage = (kStepsPerStage * (kSubB + kSubA + kSubScales) + 1023) / 1024 * 1024;
   static constexpr int kSmemBars = 2 * kStages * 8;
   // Dynamic shared memory is only 16-byte aligned: 1 KB of slack to align the stages.
   static constexpr int kSmemBytes = 1024 + kStages * kSmemStage + kSmemBars;
   // NOTE: setmaxnreg moves registers between the warpgroups of the CTA, which got kLaunchRegs per
   // thread at launch (65536 / 384 / kCtasPerSm, in steps of 8): one CTA per SM
-  // 128 x 40 + 256 x 232 = 384 x 168 = 64512; two, 128 x 40 + 256 x 96 <= 384 x 80.
+  // 128 x 40 + 256 x 232 = 384 x 168 = 64512; two, 128 x 40 + 256 x 96 <= 384 x 80. With a producer
+  // warp every thread keeps the launch's share: two CTAs of 288 threads, 112 each.
   static constexpr int kLaunchRegs = 65536 / kCtasPerSm / kThreads / 8 * 8;
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = (kLaunchRegs * kThreads - 128 * kProducerRegs) / (128 * kConsumers) / 8 * 8;
+  static constexpr int kProducerRegs = kProducerWarp ? kLaunchRegs : 40;
+  static constexpr int kConsumerRegs =
+      kProducerWarp ? kLaunchRegs : (kLaunchRegs * kThreads - 128 * kProducerRegs) / (128 * kConsumers) / 8 * 8;
 
   static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= 128, "wgmma N: a multiple of 8 (<= 128 here)");
   static_assert(kStages >= 2 && kStages <= 8, "stages");
   static_assert(kStepsPerStage >= 1 && kStepsPerStage <= 3, "reduction steps per stage");
   static_assert(kASets == 2 || kASets == 4, "A register sets: a divisor of the 4 k16 steps of a stage");
   static_assert(kSmemBytes <= 227 * 1024, "SM90 shared memory per block");
-  static_assert(kFc1StagedBytes<kBlockN> <= kStages * kSmemStage, "FC1's epilogue reuses the stages");
-  static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= kLaunchRegs * kThreads, "setmaxnreg");
+  static_assert(kRowGroups == kBlockRowGroups || kRowGroups == kBlockRowGroups / 2, "whole or half blocks");
+  static_assert(kFc1StagedBytes<kBlockN, kIdx> <= kStages * kSmemStage, "FC1's epilogue reuses the stages");
+  static_assert(kProducerWarp || 128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= kLaunchRegs * kThreads,
+                "setmaxnreg");
   // A consumer thread holds its accumulators (kBlockN / 2 per m64 MMA), the kASets A register sets
   // and one step's A pieces and scale words; ptxas needs the rest of its budget for addresses.
   static_assert(kConsumerRegs <= 256 &&
@@ -292,7 +308,11 @@ __device__ __forceinline__ void ProduceTile(const GemmParams& p, const TileCoord
   const int64_t first_tile = static_cast<int64_t>(tc.expert) * shape.Tiles() + shape.TileIndex(tc.group0, 0);
   const uint8_t* gmem_a = p.a_tiles + first_tile * kTileBytes;
   const uint8_t* gmem_s = p.a_scales + first_tile * kTileScaleBytes;
+  // The CTA's row groups of one step (bytes copied), and the block's (from one step to the next):
+  // the same for whole blocks, whose steps then come in one copy per stage.
   const uint32_t a_bytes = groups * kTileBytes, s_bytes = groups * kTileScaleBytes;
+  const int64_t a_stride = static_cast<int64_t>(BlockGroupsOf(p, tc)) * kTileBytes;
+  const int64_t s_stride = static_cast<int64_t>(BlockGroupsOf(p, tc)) * kTileScaleBytes;
   // A box counts all its bytes, rows past the tensor (zero-filled) included.
   const bool narrow = width <= kNarrowLoadWidth;
   const uint32_t b_bytes = (narrow ? width : Cfg::kBlockN) * 128u;
@@ -305,8 +325,15 @@ __device__ __forceinline__ void ProduceTile(const GemmParams& p, const TileCoord
     sm.WaitFree(slot);
     if (lane == 0) {
       wgmma::MbarArriveExpectTx(sm.Full(s), steps * (a_bytes + s_bytes + b_bytes));
-      wgmma::BulkLoad(sm.A(s), gmem_a + static_cast<int64_t>(kt) * a_bytes, steps * a_bytes, sm.Full(s));
-      wgmma::BulkLoad(sm.Scales(s), gmem_s + static_cast<int64_t>(kt) * s_bytes, steps * s_bytes, sm.Full(s));
+      if (a_stride == a_bytes) {
+        wgmma::BulkLoad(sm.A(s), gmem_a + kt * a_stride, steps * a_bytes, sm.Full(s));
+        wgmma::BulkLoad(sm.Scales(s), gmem_s + kt * s_stride, steps * s_bytes, sm.Full(s));
+      } else {
+        for (int j = 0; j < steps; ++j) {
+          wgmma::BulkLoad(sm.A(s) + j * a_bytes, gmem_a + (kt + j) * a_stride, a_bytes, sm.Full(s));
+          wgmma::BulkLoad(sm.Scales(s) + j * s_bytes, gmem_s + (kt + j) * s_stride, s_bytes, sm.Full(s));
+        }
+      }
       for (int j = 0; j < steps; ++j) {
         const int col = (kt + j) * kTileCols;
         if (narrow) {
@@ -341,7 +368,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   const StageMap<Cfg> sm{(ptx::SmemAddr(smem_raw) + 1023u) & ~1023u};
   float* staged = reinterpret_cast<float*>(smem_raw + (sm.base - ptx::SmemAddr(smem_raw)));
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 3, role = tid >> 7;
+  // role 0: the producer's warpgroup (or warp, after the consumers'); 1 + wg: consumer wg.
+  const int tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 3;
+  const int role = Cfg::kProducerWarp ? (tid < 128 * Cfg::kConsumers ? 1 + (tid >> 7) : 0) : tid >> 7;
   if (tid == 0) {
     InitStageBarriers(sm);
     wgmma::FenceMbarInit();
@@ -349,14 +378,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   ptx::EnterPipelineKernel();
   TileCoords tc;
   // B rows are the tile's sorted positions for both GEMMs: no per-column row table.
-  if (!ReadTile<Cfg::kBlockN, kFc1>(p, blockIdx.x, tid, Cfg::kThreads, nullptr, &tc)) return;  // (a barrier)
+  if (!ReadTile<Cfg::kBlockN, kFc1, Cfg::kSplit>(p, blockIdx.x, tid, Cfg::kThreads, nullptr, &tc)) return;  // (a barrier)
   const int k_tiles = static_cast<int>(p.a_shape.col_tiles);
-  const int groups = GroupsOf(p, tc);
+  const int groups = GroupsOf<Cfg::kSplit>(p, tc);
+  if (groups == 0) return;  // the second half of a last block that has none (uniform over the CTA)
   const int width = TileWidth<Cfg::kBlockN>(tc.n_valid);
 
   if (role == 0) {
     // ---- producer ----
-    wgmma::RegDealloc<Cfg::kProducerRegs>();
+    if constexpr (!Cfg::kProducerWarp) wgmma::RegDealloc<Cfg::kProducerRegs>();
     if (warp == 0) {
       sm.clock.Start();
       ProduceTile(p, tc, sm, &map_wide, &map_narrow, groups, width, k_tiles, 0, lane);
@@ -366,7 +396,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   }
 
   // ---- consumers ----
-  wgmma::RegAlloc<Cfg::kConsumerRegs>();
+  if constexpr (!Cfg::kProducerWarp) wgmma::RegAlloc<Cfg::kConsumerRegs>();
   sm.clock.Start();
   const int wg = role - 1;
   const ConsumerArgs c = ConsumerArgsOf<Cfg>(k_tiles, warp, wg, lane, 0, groups);
@@ -376,14 +406,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
       // The stages become the staging planes once both consumers' MMAs are done with them (every
       // load has landed: the consumers waited for all of them).
       ptx::NamedBarrierSync(kEpilogueBarrier, Cfg::kConsumers * 128);
-      if (c.active) StageFc1<Cfg::kMFrags, kNTiles, Cfg::kConsumers, Cfg::kBlockN>(acc, warp, wg, lane, staged);
+      if (c.active) StageFc1<Cfg::kMFrags, kNTiles, Cfg::kConsumers, Cfg::kBlockN, Cfg::kIdx>(acc, warp, wg, lane, staged);
     } else {
       if (c.active) Fc2Epilogue<Cfg::kMFrags, kNTiles, Cfg::kConsumers>(p, acc, tc, warp, wg, lane);
     }
   });
   if constexpr (kFc1) {
     ptx::NamedBarrierSync(kEpilogueBarrier, Cfg::kConsumers * 128);
-    Fc1Epilogue<Cfg::kBlockN>(p, tc, groups, staged, wg * 4 + warp, Cfg::kConsumers * 4, lane);
+    Fc1Epilogue<Cfg::kBlockN, Cfg::kIdx>(p, tc, groups, staged, wg * 4 + warp, Cfg::kConsumers * 4, lane);
   }
   RecordConsumerPhases<kFc1>(sm.clock, warp == 0 && lane == 0);
 #else
@@ -571,7 +601,8 @@ template <class Cfg>
 cudaError_t LaunchWgmmaConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, cudaStream_t stream) {
   dim3 grid;
   bool launch = false;
-  if (const cudaError_t e = GridOf(grid_ctas, &grid, &launch); e != cudaSuccess || !launch) return e;
+  // (grid_ctas counts whole row blocks: kSplit CTAs each.)
+  if (const cudaError_t e = GridOf(grid_ctas * Cfg::kSplit, &grid, &launch); e != cudaSuccess || !launch) return e;
   // The maps span b's capacity (at least one row, for an empty call the grid exits at once).
   CUtensorMap wide, narrow;
   const int64_t rows = p.b_rows > 0 ? p.b_rows : 1;
@@ -629,5 +660,12 @@ using ConfigWg128Deep4x2 = WgmmaConfig<128, 4, 3, 1, 2>;
 // The same ring as 3 stages of three steps (222 KB): the heuristics' config from 32 pairs per
 // expert. (Two stages of four steps were 6% slower than it at Kimi-K3 T = 2048: perf-log v14.)
 using ConfigWg128Deep3x3 = WgmmaConfig<128, 3, 3, 1, 3>;
+// Half a row block per CTA (128 rows: one m64 MMA per consumer warpgroup and k16 step), 5 stages of
+// one step (106 KB) and 104 registers per consumer thread, so that two CTAs share an SM: while one
+// runs its epilogue (FC1's took 19% of wg128d3x3's consumer cycles at Kimi-K3 T = 4096, FC2's 15%;
+// perf-log v18) or fills its pipeline, the other's MMAs keep the tensor cores busy. Each CTA loads
+// the tile's token rows itself (twice the B traffic of a whole-block CTA) and its weights one step
+// per copy (a half block's steps are not contiguous). perf-log v19.
+using ConfigWg128Half = WgmmaConfig<128, 5, 3, 2, 1, kBlockRowGroups / 2>;
 
 }  // namespace mxmoe::cuda::sm90

@@ -15,35 +15,47 @@
 
 namespace mxmoe::cuda::sm90 {
 
-// Work item `item` of a GEMM: item = tile_idx * m_tiles + m_tile, so consecutive items share one
-// token tile (its B rows stay in L2) and walk the expert's row blocks. The caller has checked
-// tile_idx < *p.num_tiles.
-template <int kBlockN>
+// Work item `item` of a GEMM: item = tile_idx * m_units + m_unit, so consecutive items share one
+// token tile (its B rows stay in L2) and walk the expert's row blocks. A unit is a whole block of
+// kBlockRowGroups row groups, or with kSplit = 2 (wg128h) half of one: m_units = kSplit * m_tiles.
+// The caller has checked tile_idx < *p.num_tiles.
+template <int kBlockN, int kSplit = 1>
 __device__ __forceinline__ TileCoords TileOf(const GemmParams& p, uint32_t item) {
-  const int m_tile = static_cast<int>(item % static_cast<uint32_t>(p.m_tiles));
-  const int tile_idx = static_cast<int>(item / static_cast<uint32_t>(p.m_tiles));
+  const uint32_t m_units = static_cast<uint32_t>(p.m_tiles) * kSplit;
+  const int m_unit = static_cast<int>(item % m_units);
+  const int tile_idx = static_cast<int>(item / m_units);
   const int2 tile = p.tiles[tile_idx];
   TileCoords tc;
   tc.expert = tile.x;
   tc.seg_begin = p.expert_offsets[tile.x] + tile.y;
   tc.n_valid = min(kBlockN, p.expert_offsets[tile.x + 1] - tc.seg_begin);
-  tc.group0 = static_cast<int64_t>(m_tile) * kBlockRowGroups;
+  tc.group0 = static_cast<int64_t>(m_unit) * (kBlockRowGroups / kSplit);
   return tc;
 }
 
-// The real row groups (of 16 rows) of a tile's block: kBlockRowGroups, or fewer in the last block.
-__device__ __forceinline__ int GroupsOf(const GemmParams& p, const TileCoords& tc) {
+// The real row groups (of 16 rows) of the block that holds a tile's rows: kBlockRowGroups, or fewer
+// in the last block. A block's tiles of one reduction step are that many kTileBytes apart.
+__device__ __forceinline__ int BlockGroupsOf(const GemmParams& p, const TileCoords& tc) {
   return static_cast<int>(p.a_shape.GroupsInBlock(tc.group0 / kBlockRowGroups));
+}
+
+// The real row groups of a tile's unit (kSplit as in TileOf): all of its block's for whole blocks;
+// for a half block those of its half, 0 for a second half past the last real row.
+template <int kSplit = 1>
+__device__ __forceinline__ int GroupsOf(const GemmParams& p, const TileCoords& tc) {
+  constexpr int kUnitGroups = kBlockRowGroups / kSplit;
+  const int left = BlockGroupsOf(p, tc) - static_cast<int>(tc.group0 % kBlockRowGroups);
+  return left < 0 ? 0 : left < kUnitGroups ? left : kUnitGroups;
 }
 
 // The CTA's tile, work item `item` (TileOf). Unless smem_rows is null, fills smem_rows[n] with the
 // B source row of tile column n (-1 past the segment). Returns false for items past the real tile
 // count (the grid is sized for the worst case before the routing is known). Ends with a barrier.
-template <int kBlockN, bool kFc1>
+template <int kBlockN, bool kFc1, int kSplit = 1>
 __device__ __forceinline__ bool ReadTile(const GemmParams& p, uint32_t item, int tid, int threads,
                                          int32_t* smem_rows, TileCoords* tc) {
-  if (static_cast<int64_t>(item / static_cast<uint32_t>(p.m_tiles)) >= *p.num_tiles) return false;
-  *tc = TileOf<kBlockN>(p, item);
+  if (static_cast<int64_t>(item / (static_cast<uint32_t>(p.m_tiles) * kSplit)) >= *p.num_tiles) return false;
+  *tc = TileOf<kBlockN, kSplit>(p, item);
   for (int n = tid; smem_rows != nullptr && n < kBlockN; n += threads) {
     int row = -1;
     if (n < tc->n_valid) row = kFc1 ? p.sorted_pairs[tc->seg_begin + n] / p.top_k : tc->seg_begin + n;
