@@ -93,6 +93,16 @@ cudaError_t LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_
   return LaunchKernelInClusters(kernel, grid, block, smem, stream, 1u, std::forward<Args>(args)...);
 }
 
+// CTAs of `kernel` with `threads` threads and `smem` bytes of dynamic shared memory that fit one SM
+// (the CUDA occupancy API; the kernel's shared memory limit must have been raised first).
+// Negative: the API's error code, negated.
+template <class... Params>
+int ResidentCtas(void (*kernel)(Params...), int threads, size_t smem) {
+  int ctas = 0;
+  const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, threads, smem);
+  return e == cudaSuccess ? ctas : -static_cast<int>(e);
+}
+
 // The three entry points of one GEMM config, defined in the config's own translation unit (one
 // config per unit, so that they compile in parallel) and declared by the dispatch file: LAUNCH,
 // PREPARE and INFO name the kernel family's function templates, LABEL the config's name.

@@ -226,6 +226,12 @@ struct GemmConfigInfo {
   // FC1 reads its tokens as rows in sorted order (LaunchGatherRows first: the wgmma kernels)
   // rather than gathering them from xq itself (the mma.sync kernels).
   bool loads_sorted_rows;
+  // The CTAs per SM the config is built for (its launch bounds, register split and shared memory;
+  // the wgmma configs), 0 where that is left to the occupancy the kernel gets (the mma.sync ones).
+  int ctas_per_sm;
+  // The CTAs of the FC1 (fc1) or FC2 kernel that fit an SM of the current device, from the CUDA
+  // occupancy API; call after PrepareGemmKernels. Negative: the API's error.
+  int (*resident_ctas)(bool fc1);
 };
 GemmConfigInfo GemmInfo(GemmConfigId id);
 // Raises the dynamic shared memory limit of every GEMM kernel (once per device, at Create).

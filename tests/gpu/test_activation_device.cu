@@ -30,7 +30,7 @@ std::vector<float> SweepValues() {
   std::vector<float> v{0.0f};
   for (int e = -96; e <= 28; ++e) v.push_back(std::exp2(e / 4.0f));
   for (int i = 1; i <= 12 * 64; ++i) v.push_back(i / 64.0f);
-  for (float beta : {0.5f, 1.0f, 2.0f, 4.0f, 8.0f, 25.0f})
+  for (float beta : {0.5f, 1.0f, 2.0f, 3.0f, 4.0f, 8.0f, 10.0f, 25.0f, 50.0f})
     for (float f : {0.99f, 0.999999f, 1.0f, 1.000001f, 1.01f}) v.push_back(beta / 8 * f);
   const size_t positive = v.size();
   for (size_t i = 1; i < positive; ++i) v.push_back(-v[i]);
@@ -41,7 +41,7 @@ class DeviceActivation : public ::testing::Test {
  protected:
   void SetUp() override { MXMOE_REQUIRE_SM90(); }
 
-  // f(g, u) for every pair of the sweep (g and u from two strided subsets, ~90 K pairs in all)
+  // f(g, u) for every pair of the sweep (each g with every 7th u, ~490 K pairs in all)
   // against `want` in double.
   template <class D>
   void Check(ActivationType kind, const ActParams& p, D want, const std::string& what) {
@@ -79,6 +79,44 @@ TEST_F(DeviceActivation, SwigluFormsMatchDouble) {
   const ActParams p;  // GPT-OSS's alpha 1.702, limit 7
   Check(ActivationType::SwigluBias, p,
         [&](double g, double u) { return test::SwigluBiasD(g, u, p.alpha, p.limit); }, "swiglu_bias");
+}
+
+// beta * tanh(x / beta) alone, held tighter than the products above: in the series range
+// |x / beta| < 1/8 to 6e-7 relative (~5 ulp: x / beta through an approximate reciprocal, then the
+// rounded series, exact to 2^-29 before rounding),
+// above it to 4e-6 (the closed form's bound near the switch, ~2^-19, with MUFU.EX2's and
+// MUFU.RCP's own errors).
+__global__ void TanhScaledKernel(const float* x, int n, float beta, float* out) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = act_tanh_scaled(x[i], beta);
+}
+
+TEST_F(DeviceActivation, TanhScaledMatchesDouble) {
+  const std::vector<float> x = SweepValues();
+  const int n = static_cast<int>(x.size());
+  test::DeviceMem dx(n * sizeof(float)), dout(n * sizeof(float));
+  ASSERT_TRUE(dx.ptr && dout.ptr);
+  MXMOE_CUDA_OK(cudaMemcpy(dx.ptr, x.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  const test::Tolerance series_tol{1e-30, 6e-7, "series range"}, closed_tol{1e-30, 4e-6, "closed form"};
+  for (float beta : {0.5f, 1.0f, 3.0f, 4.0f, 25.0f, 50.0f}) {
+    TanhScaledKernel<<<(n + 255) / 256, 256>>>(dx.As<float>(), n, beta, dout.As<float>());
+    MXMOE_CUDA_OK(cudaGetLastError());
+    std::vector<float> got(n);
+    MXMOE_CUDA_OK(cudaMemcpy(got.data(), dout.ptr, n * sizeof(float), cudaMemcpyDeviceToHost));
+    std::vector<float> got_series, got_closed;
+    std::vector<double> ref_series, ref_closed;
+    for (int i = 0; i < n; ++i) {
+      const double ref = beta * std::tanh(static_cast<double>(x[i]) / beta);
+      // (The device's x / beta is x times an approximate reciprocal: points within 1e-6 of the
+      // switch may take either form, and are held to the looser bound.)
+      const bool series = std::fabs(static_cast<double>(x[i]) / beta) < 0.125 * (1 - 1e-6);
+      (series ? got_series : got_closed).push_back(got[i]);
+      (series ? ref_series : ref_closed).push_back(ref);
+    }
+    EXPECT_FALSE(got_series.empty() || got_closed.empty()) << "the sweep covers both forms";
+    EXPECT_TRUE(test::AllClose(got_series, ref_series, series_tol)) << "beta " << beta;
+    EXPECT_TRUE(test::AllClose(got_closed, ref_closed, closed_tol)) << "beta " << beta;
+  }
 }
 
 // The device forms keep the bounds and limits the CPU tests check: |situ| <= beta * beta_lin,

@@ -4,6 +4,7 @@
 // on large shapes checked against the GPU reference).
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <initializer_list>
 #include <string>
 #include <utility>
@@ -77,6 +78,25 @@ TEST(CudaGemmConfigs, EveryConfigMatchesReference) {
             EXPECT_TRUE(MoeCloseF32(dc.RunF32(), ref, {t, s.hidden}, s.top_k * s.intermediate));
           }
         }));
+  }
+}
+
+// Every config built for a number of CTAs per SM gets them on this device: wg128h and wg32x2d
+// overlap one CTA's epilogue with another's MMAs only if two are resident (their launch bounds,
+// registers and shared memory are sized for it; ptxas's register count is the one thing not known
+// before the build). The mma.sync configs report theirs for the log.
+TEST(CudaGemmConfigs, DesignedCtasPerSmAreResident) {
+  MXMOE_REQUIRE_SM90();
+  ASSERT_EQ(cuda::PrepareGemmKernels(), cudaSuccess);
+  for (int id = 0; id < cuda::kNumGemmConfigs; ++id) {
+    const cuda::GemmConfigInfo info = cuda::GemmInfo(static_cast<cuda::GemmConfigId>(id));
+    for (bool fc1 : {true, false}) {
+      const int resident = info.resident_ctas(fc1);
+      std::printf("%-10s %s: %d CTAs per SM (built for %d)\n", info.name, fc1 ? "FC1" : "FC2", resident,
+                  info.ctas_per_sm);
+      EXPECT_GT(resident, 0) << info.name << (fc1 ? " FC1" : " FC2");
+      EXPECT_GE(resident, info.ctas_per_sm) << info.name << (fc1 ? " FC1" : " FC2");
+    }
   }
 }
 

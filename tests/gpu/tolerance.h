@@ -4,7 +4,10 @@
 // (e4m3 * 2^s times e2m1 * 2^s is exact in fp32 and in the bf16 MMA). They differ only in
 //   (a) summation: fp32 in MMA order, fp32 in index order, or exact (double): g and u differ by
 //       about sqrt(K) * 2^-24 ~ 4e-6 of their size;
-//   (b) a few ulp of expf / tanhf / erff between CUDA and glibc;
+//   (b) the activation: glibc's expf / tanhf / erff on the CPU; on the device the exponential from
+//       MUFU.EX2 and tanh from a series or 1 - 2 / (1 + e^2y) (activation_math.h), held to 1e-5
+//       relative of double (DeviceActivation.*): the order of (a), so it adds to (c)'s flips
+//       (their count stays small; the bounds below are per flip);
 //   (c) the MXFP8 re-quantization of the intermediate: when a_i sits within that 4e-6 of an e4m3
 //       rounding boundary the two sides round it one e4m3 step apart (2^-3 of a_i). That happens
 //       to ~1e-4 of the intermediates: a Kimi-K3 token (k * I = 49152 of them) sees a few, and

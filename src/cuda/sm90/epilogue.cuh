@@ -6,10 +6,12 @@
 // (PTX ISA 9.7.14.5.8 for mma.m16n8k16's C fragment; 9.7.15.5.1.1.1, Figure 149, for wgmma's D
 // fragment, which repeats that 16x8 pattern over N in each warp's 16 rows).
 //
-// Row groups: a CTA covers the 16 row groups (256 rows) of one prepacked block. Warp w of warpgroup
-// wg holds, as its fragment f, row group 4 w + kMFrags wg + f (kMFrags fragments per warp, kMFrags *
-// warpgroups = 4). For FC1, row group rg holds gate rows 8 rg .. 8 rg + 7 then the up rows of the
-// same intermediate indices; its epilogue re-arranges the tile through shared memory (StageFc1).
+// Row groups: a CTA covers the 16 row groups (256 rows) of one prepacked block, or (wg128h) 8 of
+// them, half a block. Warp w of warpgroup wg holds, as its fragment f, row group
+// R w + kMFrags wg + f, R = kMFrags * warpgroups row groups per warp index (4, or 2 for half
+// blocks; FragRowGroup). For FC1, row group rg holds gate rows 8 rg .. 8 rg + 7 then the up rows of
+// the same intermediate indices; its epilogue re-arranges the tile through shared memory
+// (StageFc1).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -58,7 +60,7 @@ __device__ __forceinline__ float AmaxTerm(float a) {
 //      8 rg + g; kIdx = 128 intermediates for a block of 256 rows, 64 for wg128h's half blocks);
 //   2. every warp takes whole token columns (RequantizeColumns): kIdx / 8 lanes per column, each
 //      with 8 consecutive intermediates; the 4 lanes of an MX block reduce its amax with two
-//      shuffles, and each lane stores its 8 values as 16 bytes of h.
+//      shuffles, and each lane stores its 8 values into h.
 // The stride kIdx + 4 (132 or 68, both 4 mod 32) keeps step 1 free of bank conflicts (a warp
 // writes 8 consecutive indices of 4 columns two apart: 2 * 4 mod 32 = 8 banks apart) and lets
 // step 2 read 16-byte aligned runs (the stride is a multiple of 4).
@@ -96,7 +98,7 @@ __device__ __forceinline__ void StageFc1(const float (&acc)[kMFrags][kNTiles][4]
 // 0 .. warps - 1. A warp takes 32 / (kIdx / 8) columns per pass: lane l holds the 8 intermediates
 // 8 (l % L) .. + 7 of column l / L (L = kIdx / 8 lanes per column), value(col, idx) giving 4 of
 // them as a float4; lanes 4 b .. 4 b + 3 of a column hold MX block b, whose amax takes two
-// shuffles, and each lane stores its 8 values as one 16-byte run of h[sorted position, i]. (v9's
+// shuffles, and each lane stores its 8 values into h[sorted position, i] as two 8-byte runs. (v9's
 // version, one value per lane and item = column * blocks + block, spent ~220 instructions per value
 // with the Situ activation; v19's, two values per lane and a half-warp per block, four shuffles per
 // pair of values and the scale rule per pair.)
@@ -109,28 +111,35 @@ __device__ __forceinline__ void RequantizeColumns(const GemmParams& p, const Til
   // Rows are padded to 64: whole MX blocks of 32 intermediates (4 row groups each).
   const bool real_block = idx / kMxBlock < groups / kWarpRowGroups;
   // NOTE: h is 256-byte aligned and its stride a multiple of 64 (cuda_moe.cu), and group0 is a
-  // multiple of 8 row groups: the 16-byte stores align.
+  // multiple of 8 row groups: the 8-byte stores align.
   uint16_t* const h_tile = p.h + static_cast<int64_t>(tc.seg_begin) * p.h_stride + tc.group0 * 8 + idx;
+  // Lanes 4..7 of every 8 take their second four values first: the 8 lanes of a 16-byte load's
+  // phase then cover all 32 banks (in order, lanes k and k + 4 would read the same banks, 128 bytes
+  // apart). Each four goes back to its own place with an 8-byte store.
+  const int first = lane & 4;
   for (int col0 = warp_id * kColsPerPass; col0 < tc.n_valid; col0 += warps * kColsPerPass) {
     const int col = col0 + col_in_pass;
     const bool real = real_block && col < tc.n_valid;
     float4 v[2] = {make_float4(0.0f, 0.0f, 0.0f, 0.0f), make_float4(0.0f, 0.0f, 0.0f, 0.0f)};
-    if (real) v[0] = value(col, idx), v[1] = value(col, idx + 4);
+    if (real) v[0] = value(col, idx + first), v[1] = value(col, idx + 4 - first);
     float m = fmaxf(fmaxf(fmaxf(AmaxTerm(v[0].x), AmaxTerm(v[0].y)), fmaxf(AmaxTerm(v[0].z), AmaxTerm(v[0].w))),
                     fmaxf(fmaxf(AmaxTerm(v[1].x), AmaxTerm(v[1].y)), fmaxf(AmaxTerm(v[1].z), AmaxTerm(v[1].w))));
     m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
     m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
     if (!real) continue;
-    uint4 out;
+    uint2 out[2];
     if (m <= FLT_MAX) {
       const int s = Mxfp8ScaleExponent(m);
-      out = make_uint4(DequantizedMxfp8PairBf16(v[0].x, v[0].y, s), DequantizedMxfp8PairBf16(v[0].z, v[0].w, s),
-                       DequantizedMxfp8PairBf16(v[1].x, v[1].y, s), DequantizedMxfp8PairBf16(v[1].z, v[1].w, s));
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        out[i] = make_uint2(DequantizedMxfp8PairBf16(v[i].x, v[i].y, s), DequantizedMxfp8PairBf16(v[i].z, v[i].w, s));
     } else {
       // A block holding NaN or Inf has a NaN scale: all its values are NaN.
-      out = make_uint4(0x7FFF7FFFu, 0x7FFF7FFFu, 0x7FFF7FFFu, 0x7FFF7FFFu);
+      out[0] = out[1] = make_uint2(0x7FFF7FFFu, 0x7FFF7FFFu);
     }
-    *reinterpret_cast<uint4*>(h_tile + static_cast<int64_t>(col) * p.h_stride) = out;
+    uint16_t* const h_col = h_tile + static_cast<int64_t>(col) * p.h_stride;
+    *reinterpret_cast<uint2*>(h_col + first) = out[0];
+    *reinterpret_cast<uint2*>(h_col + 4 - first) = out[1];
   }
 }
 
@@ -203,7 +212,8 @@ __device__ __forceinline__ void QuantizeStagedActs(const GemmParams& p, const Ti
 
 // FC1: activation of (gate, up) and MXFP8 re-quantization of the intermediate into h[sorted
 // position, i], from the planes StageFc1 wrote (step 2 above). Every warp of the tile calls it,
-// `warps` of them with ids 0 .. warps - 1; groups = the block's real row groups.
+// `warps` of them with ids 0 .. warps - 1; groups = the CTA's real row groups (its block's, or its
+// half's).
 template <int kBlockN, int kIdx = kBlockRowGroups * 8>
 __device__ __forceinline__ void Fc1Epilogue(const GemmParams& p, const TileCoords& tc, int groups,
                                             const float* staged, int warp_id, int warps, int lane) {
@@ -233,7 +243,7 @@ __device__ __forceinline__ void Fc2Epilogue(const GemmParams& p, const float (&a
   const int g = lane >> 2, c = lane & 3;
   const float fc2_scale = p.experts[tc.expert].fc2_scale;
   // Each column's pair and weight are read where they are used (L1 hits for the other fragments):
-  // held for all kNTiles columns at once, they cost wg128h's consumers, at 96 registers, spills.
+  // held for all kNTiles columns at once, they cost wg128h's consumers (96 registers) spills.
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll

@@ -457,8 +457,14 @@ cudaError_t LaunchGemmConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, c
 }
 
 template <class Cfg>
+int ResidentCtasOf(bool fc1) {
+  return ResidentCtas(fc1 ? MoeGemmKernel<Cfg, true> : MoeGemmKernel<Cfg, false>, Cfg::kThreads, Cfg::kSmemBytes);
+}
+
+template <class Cfg>
 GemmConfigInfo InfoOf(const char* name) {
-  return {name, Cfg::kBlockM, Cfg::kBlockN, Cfg::kThreads, Cfg::kStages, Cfg::kSmemBytes, false};
+  return {name, Cfg::kBlockM, Cfg::kBlockN, Cfg::kThreads, Cfg::kStages, Cfg::kSmemBytes, false, 0,
+          &ResidentCtasOf<Cfg>};
 }
 
 // The instantiations, one per translation unit (moe_gemm_n*.cu).

@@ -4,9 +4,10 @@
 // weights overlaps the current products.
 //
 // Formulation ("swapped AB", as in moe_gemm.cuh): M = weight rows, N = tokens. A CTA computes 256
-// weight rows x BLOCK_N tokens of one expert over the whole reduction, in 64-wide steps; its MMAs
-// are as wide as the tile's valid tokens rounded up to a multiple of 8 (TileWidth).
-// Warp-specialized, three warpgroups:
+// weight rows (wg128h: 128, half a prepacked block) x BLOCK_N tokens of one expert over the whole
+// reduction, in 64-wide steps; its MMAs are as wide as the tile's valid tokens rounded up to a
+// multiple of 8 (TileWidth).
+// Warp-specialized, three warpgroups (wg128h: the two consumers and a producer warp after them):
 //   producer (warpgroup 0, one warp busy, few registers): per stage (kStepsPerStage steps), into a
 //     free one, the block's prepacked MXFP4 tiles and scales of those steps with two 1D bulk
 //     copies (contiguous in weight_layout.h), and per step the token rows of 64 bf16 through a
@@ -16,12 +17,13 @@
 //     for FC1 the tokens are gathered into it first (LaunchGatherRows). All complete on the
 //     stage's "full" mbarrier.
 //   2 consumers (warpgroups 1, 2): each owns 128 of the 256 rows (kMFrags = 2 m64 MMAs per k16
-//     step). Per k16 step a consumer dequantizes its A fragments from shared memory into
+//     step; wg128h: 64 of 128, one MMA). Per k16 step a consumer dequantizes its A fragments from shared memory into
 //     registers (the "RS" form of wgmma: mma.m16n8k16's A fragment), fences, issues its MMAs
 //     as one group and waits until at most kInFlight groups are in flight. At the end of a stage's
 //     first step the stage before has no MMA left: it goes back to the producer through the
 //     "empty" mbarrier.
-// Warp w of consumer wg supplies row group 4 w + 2 wg + f as the rows of its MMA f (epilogue.cuh);
+// Warp w of consumer wg supplies row group 4 w + 2 wg + f (wg128h: 2 w + wg) as the rows of its MMA
+// f (FragRowGroup, epilogue.cuh);
 // FC1's epilogue re-arranges the tile through the stages' shared memory (StageFc1).
 //
 // Why bulk copies: cp.async writes shared memory through the generic proxy, which wgmma may read
@@ -93,10 +95,12 @@ struct WgmmaConfig {
   // Dynamic shared memory is only 16-byte aligned: 1 KB of slack to align the stages.
   static constexpr int kSmemBytes = 1024 + kStages * kSmemStage + kSmemBars;
   // NOTE: setmaxnreg moves registers between the warpgroups of the CTA, which got kLaunchRegs per
-  // thread at launch (65536 / 384 / kCtasPerSm, in steps of 8): one CTA per SM
+  // thread at launch: what ptxas allows under the launch bounds, each of the SM's 4 sub-partitions
+  // (16 K registers) holding its share of the resident warps, rounded up, in steps of 8 (it gave 168
+  // for one CTA of 384 threads, 80 for two, 96 for two of 288). One CTA per SM:
   // 128 x 40 + 256 x 232 = 384 x 168 = 64512; two, 128 x 40 + 256 x 96 <= 384 x 80. With a producer
-  // warp every thread keeps the launch's share: two CTAs of 288 threads, 112 each.
-  static constexpr int kLaunchRegs = 65536 / kCtasPerSm / kThreads / 8 * 8;
+  // warp every thread keeps the launch's share: two CTAs of 288 threads, 96 each.
+  static constexpr int kLaunchRegs = 16384 / ((kCtasPerSm * kThreads / 32 + 3) / 4 * 32) / 8 * 8;
   static constexpr int kProducerRegs = kProducerWarp ? kLaunchRegs : 40;
   static constexpr int kConsumerRegs =
       kProducerWarp ? kLaunchRegs : (kLaunchRegs * kThreads - 128 * kProducerRegs) / (128 * kConsumers) / 8 * 8;
@@ -213,7 +217,7 @@ struct ConsumerArgs {
   int k_tiles, warp, wg, lane;
   bool active;  // the warp's row groups are real, not padding
   int slot0;    // the pipeline slot of the tile's first reduction steps (stage slot0 % kStages)
-  int groups;   // the block's real row groups: a stage's steps are groups * kTileBytes apart
+  int groups;   // the CTA's real row groups (block or half): a stage's steps are groups * kTileBytes apart
 };
 
 // Rows are padded to 64, so a warp's row groups (4 consecutive with the other consumer's) are all
@@ -632,8 +636,14 @@ cudaError_t LaunchWgmmaConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, 
 }
 
 template <class Cfg>
+int WgmmaResidentCtasOf(bool fc1) {
+  return ResidentCtas(fc1 ? MoeWgmmaKernel<Cfg, true> : MoeWgmmaKernel<Cfg, false>, Cfg::kThreads, Cfg::kSmemBytes);
+}
+
+template <class Cfg>
 GemmConfigInfo WgmmaInfoOf(const char* name) {
-  return {name, Cfg::kBlockM, Cfg::kBlockN, Cfg::kThreads, Cfg::kStages, Cfg::kSmemBytes, true};
+  return {name,  Cfg::kBlockM, Cfg::kBlockN, Cfg::kThreads, Cfg::kStages, Cfg::kSmemBytes, true, Cfg::kCtasPerSm,
+          &WgmmaResidentCtasOf<Cfg>};
 }
 
 // The instantiations, one per translation unit (moe_wgmma_*.cu).
@@ -661,11 +671,23 @@ using ConfigWg128Deep4x2 = WgmmaConfig<128, 4, 3, 1, 2>;
 // expert. (Two stages of four steps were 6% slower than it at Kimi-K3 T = 2048: perf-log v14.)
 using ConfigWg128Deep3x3 = WgmmaConfig<128, 3, 3, 1, 3>;
 // Half a row block per CTA (128 rows: one m64 MMA per consumer warpgroup and k16 step), 5 stages of
-// one step (106 KB) and 104 registers per consumer thread, so that two CTAs share an SM: while one
+// one step (106 KB) and 96 registers per thread (ptxas uses 94), so that two CTAs share an SM: while one
 // runs its epilogue (FC1's took 19% of wg128d3x3's consumer cycles at Kimi-K3 T = 4096, FC2's 15%;
 // perf-log v18) or fills its pipeline, the other's MMAs keep the tensor cores busy. Each CTA loads
 // the tile's token rows itself (twice the B traffic of a whole-block CTA) and its weights one step
 // per copy (a half block's steps are not contiguous). perf-log v19.
-using ConfigWg128Half = WgmmaConfig<128, 5, 3, 2, 1, kBlockRowGroups / 2>;
+// Its ring and MMA groups in flight are build options for the first device A/Bs (two CTAs need
+// 2 * (stages * steps * 21 KB + 2 KB) <= 228 KB: 5 x 1, 4 x 1 or 2 x 2).
+#ifndef MXMOE_WG128H_STAGES
+#define MXMOE_WG128H_STAGES 5
+#endif
+#ifndef MXMOE_WG128H_STEPS
+#define MXMOE_WG128H_STEPS 1
+#endif
+#ifndef MXMOE_WG128H_IN_FLIGHT
+#define MXMOE_WG128H_IN_FLIGHT 3
+#endif
+using ConfigWg128Half =
+    WgmmaConfig<128, MXMOE_WG128H_STAGES, MXMOE_WG128H_IN_FLIGHT, 2, MXMOE_WG128H_STEPS, kBlockRowGroups / 2>;
 
 }  // namespace mxmoe::cuda::sm90
