@@ -51,6 +51,17 @@ if want build || want test || want sanitize || want bench || want profile || wan
   fi
 fi
 
+# "SM clock MHz min / median / max, power W median" of an nvidia-smi log of "clock, power" lines
+# (samples with the GPU busy, clock above 1000 MHz; "no samples" otherwise).
+ab_clock_summary() {
+  local c p n
+  c=$(awk -F', *' '$1 + 0 > 1000 { print $1 + 0 }' "$1" | sort -n)
+  p=$(awk -F', *' '$1 + 0 > 1000 { print $2 + 0 }' "$1" | sort -n)
+  n=$(printf '%s\n' "$c" | grep -c .)
+  if [ "$n" = 0 ]; then echo "clock: no samples"; return; fi
+  echo "clock MHz $(printf '%s\n' "$c" | head -1) / $(printf '%s\n' "$c" | sed -n "$(( (n + 1) / 2 ))p") / $(printf '%s\n' "$c" | tail -1), power W $(printf '%s\n' "$p" | sed -n "$(( (n + 1) / 2 ))p") ($n samples)"
+}
+
 # Runs "$@" (a test binary) for at most $1 seconds with its output in $2. Every 20 s it notes the GPU's
 # utilization and the test running; at the deadline it saves every host thread's stack (gdb) and
 # the GPU's state before killing it, so a stall says whether the host or the device was waiting.
@@ -363,11 +374,18 @@ if named ab; then
   for i in "${order[@]}"; do
     if [ "$i" = -1 ]; then tag=base tree=$base_tree env_v=""
     else tag=${names[$i]} tree=${vtrees[$i]} env_v=${venvs[$i]}; fi
+    # The SM clock and the board power every 200 ms while the row runs (whether a slower row ran
+    # at lower clocks: v18 left ~1.5 ms of T = 4096 between the kernels' Nsight times and the layer).
+    smi_log="$OUT/ab_smi.csv"
+    nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv,noheader,nounits -lms 200 >"$smi_log" 2>/dev/null &
+    smi_pid=$!
     timeout "${AB_ROW_TIMEOUT:-150}" env $env_v "$tree/bin/mxmoe" bench --shapes "${AB_SHAPES:-kimi-k3}" --routing uniform \
       --tokens "${AB_TOKENS:-1,1024,4096}" --check-tokens 32 >"$OUT/ab_bench.log" 2>&1
     rc=$?
+    kill "$smi_pid" 2>/dev/null; wait "$smi_pid" 2>/dev/null
     grep -E "^(kimi-k3|gpt-oss-120b|deepseek-v3) |FAIL" "$OUT/ab_bench.log" | sed "s/^/$tag: /" | tee -a "$SUMMARY" >/dev/null
     [ "$rc" = 0 ] || note "$tag: mxmoe bench rc=$rc"
+    note "$tag: $(ab_clock_summary "$smi_log")"
   done
 fi
 
