@@ -30,12 +30,20 @@ MXMOE_HD float act_div(float a, float b) {
 #endif
 }
 
+// Device code uses the faster forms below unless built with MXMOE_ACT_LIBM (the libm forms, for an
+// A/B on the device).
+#if defined(__CUDA_ARCH__) && !defined(MXMOE_ACT_LIBM)
+#define MXMOE_ACT_DEVICE_FORMS 1
+#else
+#define MXMOE_ACT_DEVICE_FORMS 0
+#endif
+
 // e^x. Device code takes 2^(x log2 e) from MUFU.EX2 (ex2.approx.ftz, relative error about 2^-22;
 // the rounded product adds |x| 2^-24 relative, ~2^-18 at |x| = 40): two instructions against
 // expf's ~8 with its extra-precise range reduction, which the FC1 epilogues, bound by instruction
 // issue (perf-log v9, v19), paid per value. Results below 2^-126 are flushed to 0.
 MXMOE_HD float act_exp(float x) {
-#if defined(__CUDA_ARCH__) && !defined(MXMOE_ACT_LIBM)
+#if MXMOE_ACT_DEVICE_FORMS
   float r;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x * 1.4426950408889634f));
   return r;
@@ -55,7 +63,7 @@ MXMOE_HD float act_sigmoid(float x) { return act_div(1.0f, 1.0f + act_exp(-x)); 
 //     (e^(2y) = inf or 0) and passes NaN on; |result| <= beta.
 // tests/gpu/test_activation_device.cu holds the device forms to kTolDeviceActivation against double.
 MXMOE_HD float act_tanh_scaled(float x, float beta) {
-#if defined(__CUDA_ARCH__) && !defined(MXMOE_ACT_LIBM)
+#if MXMOE_ACT_DEVICE_FORMS
   const float y = act_div(x, beta);
   const float y2 = y * y;
   const float series = y * fmaf(y2, fmaf(y2, fmaf(y2, -17.0f / 315.0f, 2.0f / 15.0f), -1.0f / 3.0f), 1.0f);

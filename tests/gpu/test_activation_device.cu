@@ -41,6 +41,21 @@ class DeviceActivation : public ::testing::Test {
  protected:
   void SetUp() override { MXMOE_REQUIRE_SM90(); }
 
+  // launch(g, u, n, out) on device copies of g and u (u may be empty), n = g.size(); the outputs.
+  template <class Launch>
+  void RunOnDevice(const std::vector<float>& g, const std::vector<float>& u, const Launch& launch,
+                   std::vector<float>* got) {
+    const int n = static_cast<int>(g.size());
+    test::DeviceMem dg(n * sizeof(float)), du(u.size() * sizeof(float)), dout(n * sizeof(float));
+    ASSERT_TRUE(dg.ptr && dout.ptr && (u.empty() || du.ptr));
+    MXMOE_CUDA_OK(cudaMemcpy(dg.ptr, g.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    if (!u.empty()) MXMOE_CUDA_OK(cudaMemcpy(du.ptr, u.data(), u.size() * sizeof(float), cudaMemcpyHostToDevice));
+    launch(dg.As<float>(), du.As<float>(), n, dout.As<float>());
+    MXMOE_CUDA_OK(cudaGetLastError());
+    got->resize(n);
+    MXMOE_CUDA_OK(cudaMemcpy(got->data(), dout.ptr, n * sizeof(float), cudaMemcpyDeviceToHost));
+  }
+
   // f(g, u) for every pair of the sweep (each g with every 7th u, ~490 K pairs in all)
   // against `want` in double.
   template <class D>
@@ -49,17 +64,12 @@ class DeviceActivation : public ::testing::Test {
     std::vector<float> g, u;
     for (size_t i = 0; i < vals.size(); ++i)
       for (size_t j = i % 7; j < vals.size(); j += 7) g.push_back(vals[i]), u.push_back(vals[j]);
-    const int n = static_cast<int>(g.size());
-    test::DeviceMem dg(n * sizeof(float)), du(n * sizeof(float)), dout(n * sizeof(float));
-    ASSERT_TRUE(dg.ptr && du.ptr && dout.ptr);
-    MXMOE_CUDA_OK(cudaMemcpy(dg.ptr, g.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-    MXMOE_CUDA_OK(cudaMemcpy(du.ptr, u.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-    ActivationKernel<<<(n + 255) / 256, 256>>>(kind, p, dg.As<float>(), du.As<float>(), n, dout.As<float>());
-    MXMOE_CUDA_OK(cudaGetLastError());
-    std::vector<float> got(n);
-    MXMOE_CUDA_OK(cudaMemcpy(got.data(), dout.ptr, n * sizeof(float), cudaMemcpyDeviceToHost));
-    std::vector<double> ref(n);
-    for (int i = 0; i < n; ++i) ref[i] = want(g[i], u[i]);
+    std::vector<float> got;
+    ASSERT_NO_FATAL_FAILURE(RunOnDevice(g, u, [&](const float* dg, const float* du, int n, float* out) {
+      ActivationKernel<<<(n + 255) / 256, 256>>>(kind, p, dg, du, n, out);
+    }, &got));
+    std::vector<double> ref(g.size());
+    for (size_t i = 0; i < g.size(); ++i) ref[i] = want(g[i], u[i]);
     EXPECT_TRUE(test::AllClose(got, ref, test::kTolDeviceActivation)) << what << " (index into the pairs)";
   }
 };
@@ -94,15 +104,12 @@ __global__ void TanhScaledKernel(const float* x, int n, float beta, float* out) 
 TEST_F(DeviceActivation, TanhScaledMatchesDouble) {
   const std::vector<float> x = SweepValues();
   const int n = static_cast<int>(x.size());
-  test::DeviceMem dx(n * sizeof(float)), dout(n * sizeof(float));
-  ASSERT_TRUE(dx.ptr && dout.ptr);
-  MXMOE_CUDA_OK(cudaMemcpy(dx.ptr, x.data(), n * sizeof(float), cudaMemcpyHostToDevice));
   const test::Tolerance series_tol{1e-30, 6e-7, "series range"}, closed_tol{1e-30, 4e-6, "closed form"};
   for (float beta : {0.5f, 1.0f, 3.0f, 4.0f, 25.0f, 50.0f}) {
-    TanhScaledKernel<<<(n + 255) / 256, 256>>>(dx.As<float>(), n, beta, dout.As<float>());
-    MXMOE_CUDA_OK(cudaGetLastError());
-    std::vector<float> got(n);
-    MXMOE_CUDA_OK(cudaMemcpy(got.data(), dout.ptr, n * sizeof(float), cudaMemcpyDeviceToHost));
+    std::vector<float> got;
+    ASSERT_NO_FATAL_FAILURE(RunOnDevice(x, {}, [beta](const float* dx, const float*, int count, float* out) {
+      TanhScaledKernel<<<(count + 255) / 256, 256>>>(dx, count, beta, out);
+    }, &got));
     std::vector<float> got_series, got_closed;
     std::vector<double> ref_series, ref_closed;
     for (int i = 0; i < n; ++i) {

@@ -66,20 +66,21 @@ __device__ __forceinline__ float AmaxTerm(float a) {
 // step 2 read 16-byte aligned runs (the stride is a multiple of 4).
 template <int kIdx>
 inline constexpr int StagedStride = kIdx + 4;
-inline constexpr int kStagedStride = StagedStride<kBlockRowGroups * 8>;
+inline constexpr int kBlockIdx = kBlockRowGroups * 8;  // the intermediates of a whole block
+inline constexpr int kStagedStride = StagedStride<kBlockIdx>;
 
-template <int kBlockN, int kIdx = kBlockRowGroups * 8>
+template <int kBlockN, int kIdx = kBlockIdx>
 inline constexpr int kFc1StagedBytes = 2 * kBlockN * StagedStride<kIdx> * 4;
 
 // Step 1 for this thread's fragments (kNTiles * 8 columns of planes kBlockN wide). Callers then
 // hold a barrier over every thread of the tile.
-template <int kMFrags, int kNTiles, int kWGs, int kBlockN, int kIdx = kBlockRowGroups * 8>
+template <int kMFrags, int kNTiles, int kWGs, int kBlockN, int kIdx = kBlockIdx>
 __device__ __forceinline__ void StageFc1(const float (&acc)[kMFrags][kNTiles][4], int warp, int wg, int lane,
                                          float* staged) {
   static_assert(kNTiles * 8 <= kBlockN, "columns of the planes");
-  constexpr int kStagedStride = StagedStride<kIdx>;
+  constexpr int kStride = StagedStride<kIdx>;
   const int g = lane >> 2, c = lane & 3;
-  float* up = staged + kBlockN * kStagedStride;
+  float* up = staged + kBlockN * kStride;
 #pragma unroll
   for (int f = 0; f < kMFrags; ++f) {
     const int i = FragRowGroup<kMFrags, kWGs>(warp, wg, f) * 8 + g;
@@ -87,7 +88,7 @@ __device__ __forceinline__ void StageFc1(const float (&acc)[kMFrags][kNTiles][4]
     for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
       for (int q = 0; q < 2; ++q) {
-        const int at = (nt * 8 + 2 * c + q) * kStagedStride + i;
+        const int at = (nt * 8 + 2 * c + q) * kStride + i;
         staged[at] = acc[f][nt][q];
         up[at] = acc[f][nt][2 + q];
       }
@@ -98,10 +99,10 @@ __device__ __forceinline__ void StageFc1(const float (&acc)[kMFrags][kNTiles][4]
 // 0 .. warps - 1. A warp takes 32 / (kIdx / 8) columns per pass: lane l holds the 8 intermediates
 // 8 (l % L) .. + 7 of column l / L (L = kIdx / 8 lanes per column), value(col, idx) giving 4 of
 // them as a float4; lanes 4 b .. 4 b + 3 of a column hold MX block b, whose amax takes two
-// shuffles, and each lane stores its 8 values into h[sorted position, i] as two 8-byte runs. (v9's
-// version, one value per lane and item = column * blocks + block, spent ~220 instructions per value
-// with the Situ activation; v19's, two values per lane and a half-warp per block, four shuffles per
-// pair of values and the scale rule per pair.)
+// shuffles, and each lane stores its 8 values into h[sorted position, i] as two 8-byte runs. (Before
+// v9, one value per lane and item = column * blocks + block spent ~220 instructions per value with
+// the Situ activation; from v9 to v19, two values per lane and a half-warp per MX block took four
+// shuffles and the scale rule per pair of values.)
 template <int kIdx, class Value>
 __device__ __forceinline__ void RequantizeColumns(const GemmParams& p, const TileCoords& tc, int groups,
                                                   int warp_id, int warps, int lane, const Value& value) {
@@ -147,13 +148,13 @@ __device__ __forceinline__ void RequantizeColumns(const GemmParams& p, const Til
 template <ActivationType kAct, int kBlockN, int kIdx>
 __device__ __forceinline__ void RequantizeStaged(const GemmParams& p, const TileCoords& tc, int groups,
                                                  const float* staged, int warp_id, int warps, int lane) {
-  constexpr int kStagedStride = StagedStride<kIdx>;
+  constexpr int kStride = StagedStride<kIdx>;
   const ExpertParams ep = p.experts[tc.expert];
-  const float* up = staged + kBlockN * kStagedStride;
+  const float* up = staged + kBlockN * kStride;
   const int64_t bias0 = static_cast<int64_t>(tc.expert) * (p.a_shape.rows / 2) + tc.group0 * 8;
   RequantizeColumns<kIdx>(p, tc, groups, warp_id, warps, lane, [&](int col, int idx) {
-    const float4 g4 = *reinterpret_cast<const float4*>(staged + col * kStagedStride + idx);
-    const float4 u4 = *reinterpret_cast<const float4*>(up + col * kStagedStride + idx);
+    const float4 g4 = *reinterpret_cast<const float4*>(staged + col * kStride + idx);
+    const float4 u4 = *reinterpret_cast<const float4*>(up + col * kStride + idx);
     const auto act = [&](float gv, float uv, int i) {
       gv *= ep.fc1_scale;  // a power of two: exact
       uv *= ep.fc1_scale;
@@ -205,7 +206,7 @@ inline constexpr int kActStagedBytes = kBlockN * kStagedStride * 4;
 // warps with ids 0 .. warps - 1.
 __device__ __forceinline__ void QuantizeStagedActs(const GemmParams& p, const TileCoords& tc, int groups,
                                                    const float* staged, int warp_id, int warps, int lane) {
-  RequantizeColumns<kBlockRowGroups * 8>(p, tc, groups, warp_id, warps, lane, [&](int col, int idx) {
+  RequantizeColumns<kBlockIdx>(p, tc, groups, warp_id, warps, lane, [&](int col, int idx) {
     return *reinterpret_cast<const float4*>(staged + col * kStagedStride + idx);
   });
 }
@@ -214,7 +215,7 @@ __device__ __forceinline__ void QuantizeStagedActs(const GemmParams& p, const Ti
 // position, i], from the planes StageFc1 wrote (step 2 above). Every warp of the tile calls it,
 // `warps` of them with ids 0 .. warps - 1; groups = the CTA's real row groups (its block's, or its
 // half's).
-template <int kBlockN, int kIdx = kBlockRowGroups * 8>
+template <int kBlockN, int kIdx = kBlockIdx>
 __device__ __forceinline__ void Fc1Epilogue(const GemmParams& p, const TileCoords& tc, int groups,
                                             const float* staged, int warp_id, int warps, int lane) {
   switch (p.act) {
@@ -242,8 +243,8 @@ __device__ __forceinline__ void Fc2Epilogue(const GemmParams& p, const float (&a
                                             const TileCoords& tc, int warp, int wg, int lane) {
   const int g = lane >> 2, c = lane & 3;
   const float fc2_scale = p.experts[tc.expert].fc2_scale;
-  // Each column's pair and weight are read where they are used (L1 hits for the other fragments):
-  // held for all kNTiles columns at once, they cost wg128h's consumers (96 registers) spills.
+  // Each column's pair and weight are read once, just before its stores: read for all kNTiles
+  // columns first and held, they made wg128h's consumers (96 registers) spill.
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll

@@ -315,8 +315,8 @@ __device__ __forceinline__ void ProduceTile(const GemmParams& p, const TileCoord
   // The CTA's row groups of one step (bytes copied), and the block's (from one step to the next):
   // the same for whole blocks, whose steps then come in one copy per stage.
   const uint32_t a_bytes = groups * kTileBytes, s_bytes = groups * kTileScaleBytes;
-  const int64_t a_stride = static_cast<int64_t>(BlockGroupsOf(p, tc)) * kTileBytes;
-  const int64_t s_stride = static_cast<int64_t>(BlockGroupsOf(p, tc)) * kTileScaleBytes;
+  const int64_t block_groups = BlockGroupsOf(p, tc);
+  const int64_t a_stride = block_groups * kTileBytes, s_stride = block_groups * kTileScaleBytes;
   // A box counts all its bytes, rows past the tensor (zero-filled) included.
   const bool narrow = width <= kNarrowLoadWidth;
   const uint32_t b_bytes = (narrow ? width : Cfg::kBlockN) * 128u;
