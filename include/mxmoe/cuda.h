@@ -40,7 +40,8 @@ class CudaMoe {
 
   // What Run does for a call of num_tokens tokens: the GEMM config both GEMMs run (named as
   // MXMOE_GEMM_CONFIG names it, so forcing one shows here too) and, when the workspace splits the
-  // call, the number of chunks: "n8", "wg128d8 x3 chunks". No device work.
+  // call, the number of chunks: "n8", "wg128d8 x3 chunks"; on SM90 an mma.sync config run with the
+  // L2 look-ahead (MXMOE_L2_AHEAD) names it: "n8c2 l2+4". No device work.
   virtual std::string Plan(int64_t num_tokens) const = 0;
 
   // The fused pipeline on `stream`: no host synchronization, no allocation, graph-capturable.

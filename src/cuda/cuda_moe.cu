@@ -221,8 +221,12 @@ class Sm90Path final : public KernelPath {
   size_t HBytes(int64_t pairs) const override { return pairs * HStride() * 2; }
   GemmChoice Choose(const cuda::LaunchChoice& launch) const override {
     const cuda::GemmConfigInfo info = cuda::GemmInfo(launch.gemm);
+    const cuda::GemmConfigInfo info2 = cuda::GemmInfo(launch.gemm_fc2);
     std::string name = info.name;
-    if (launch.gemm_fc2 != launch.gemm) name += std::string("/") + cuda::GemmInfo(launch.gemm_fc2).name;
+    if (launch.gemm_fc2 != launch.gemm) name += std::string("/") + info2.name;
+    // The L2 look-ahead, where a config that reads it runs.
+    if (cuda::L2Ahead() > 0 && (info.looks_ahead || info2.looks_ahead))
+      name += " l2+" + std::to_string(cuda::L2Ahead());
     return {static_cast<int>(launch.gemm), static_cast<int>(launch.gemm_fc2), info.block_n, name};
   }
   void SetQuantOutput(const GemmCall& call, cuda::PrepareParams* pp) const override {
@@ -250,6 +254,7 @@ class Sm90Path final : public KernelPath {
     g.y = call.y;
     g.y_stride = dims_.hidden;
     g.topk_weights = call.topk_weights;
+    g.l2_ahead = cuda::L2Ahead();
 
     cuda::GemmParams g1 = g;
     g1.a_tiles = w13_tiles_.As<uint8_t>();

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <climits>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -47,6 +48,31 @@ class EnvSwitch {
 
  private:
   std::atomic<bool> on_;
+};
+
+// A process-wide integer setting, read once from environment variable `name`: a decimal in
+// [lo, hi], else `fallback` (unset, or another value, which is reported once on stderr so that a
+// mistyped A/B does not pass unnoticed). The tests may change it (Set clamps to [lo, hi]).
+class EnvInt {
+ public:
+  EnvInt(const char* name, int lo, int hi, int fallback) : lo_(lo), hi_(hi), value_(fallback) {
+    const char* v = std::getenv(name);
+    if (v == nullptr) return;
+    char* end = nullptr;
+    const long parsed = std::strtol(v, &end, 10);
+    if (*v != '\0' && *end == '\0' && parsed >= lo && parsed <= hi) {
+      value_.store(static_cast<int>(parsed), std::memory_order_relaxed);
+    } else {
+      std::fprintf(stderr, "mxmoe: %s=%s ignored: expected an integer from %d to %d (using %d)\n", name, v, lo, hi,
+                   fallback);
+    }
+  }
+  void Set(int v) { value_.store(v < lo_ ? lo_ : v > hi_ ? hi_ : v, std::memory_order_relaxed); }
+  int Get() const { return value_.load(std::memory_order_relaxed); }
+
+ private:
+  int lo_, hi_;
+  std::atomic<int> value_;
 };
 
 // Whether the pipeline's kernels are launched with programmatic dependent launch (ptx.cuh,

@@ -200,7 +200,20 @@ struct GemmParams {
   float* y = nullptr;
   int64_t y_stride = 0;
   const float* topk_weights = nullptr;  // chunk rows [T, k]
+  // The mma.sync kernels' L2 look-ahead: thread 0 asks the L2 for the weights and scales of the
+  // step this many steps past each one it copies (0: none; see SetL2Ahead). Read by the configs
+  // whose GemmConfigInfo::looks_ahead is set.
+  int32_t l2_ahead = 0;
 };
+
+// The mma.sync kernels' L2 look-ahead in steps (GemmParams::l2_ahead): read once from
+// MXMOE_L2_AHEAD=<0..kMaxL2Ahead> (another value is reported on stderr and ignored), 0 by default
+// until measured (perf-log v20). At T = 1 the decode GEMMs' CTAs waited for their stages on 23% of
+// their cycles with ~17 KB in flight each (perf-log v18); an L2 prefetch puts more of the stream in
+// flight without shared memory. SetL2Ahead for the tests (clamped to 0..kMaxL2Ahead).
+inline constexpr int kMaxL2Ahead = 16;
+void SetL2Ahead(int steps);
+int L2Ahead();
 
 // mma.sync kernels (sm90/moe_gemm.cuh) and wgmma kernels (sm90/moe_wgmma.cuh), by BLOCK_N; wg128d
 // is wg128 with more MMAs in flight (forced only; 1.5-4% faster per kernel: perf-log v8), wg128d8
@@ -229,6 +242,8 @@ struct GemmConfigInfo {
   // The CTAs per SM the config is built for (its launch bounds, register split and shared memory;
   // the wgmma configs), 0 where that is left to the occupancy the kernel gets (the mma.sync ones).
   int ctas_per_sm;
+  // The config reads GemmParams::l2_ahead (the narrow mma.sync configs; n64 would spill with it).
+  bool looks_ahead;
   // The CTAs of the FC1 (fc1) or FC2 kernel that fit an SM of the current device, from the CUDA
   // occupancy API; call after PrepareGemmKernels. Negative: the API's error.
   int (*resident_ctas)(bool fc1);

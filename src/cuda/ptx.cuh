@@ -1,6 +1,7 @@
 // PTX wrappers the kernels use, each for an instruction CUDA C++ has no plain spelling of (or
 // spells through layers that hide what is issued). All of them exist on sm_80 and later (the grid
-// dependency pair on sm_90 and later), so the files compile for both sm_90a and sm_120a.
+// dependency pair, the cluster ones and the L2 prefetch on sm_90 and later), so the files compile
+// for both sm_90a and sm_120a.
 #pragma once
 
 #include <cstdint>
@@ -83,6 +84,14 @@ __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, uint32_t
 __device__ __forceinline__ void CpAsync16(uint32_t smem_addr, const void* gmem, uint32_t src_bytes = 16) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_bytes)
                : "memory");
+}
+// Asks the L2 to fetch `bytes` (a multiple of 16) of global memory from `gmem` (16-byte aligned),
+// with nothing written anywhere and nothing to wait for (PTX ISA, cp.async.bulk.prefetch.L2; sm_90
+// and later, a no-op below): a hint that a later copy will read them, which then hits the L2.
+__device__ __forceinline__ void PrefetchBulkL2(const void* gmem, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gmem), "r"(bytes) : "memory");
+#endif
 }
 // 16 bytes from shared memory at a shared-window address.
 __device__ __forceinline__ uint4 LdShared128(uint32_t smem_addr) {

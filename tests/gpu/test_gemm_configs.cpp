@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <initializer_list>
 #include <string>
 #include <utility>
@@ -13,6 +14,7 @@
 #include "common/compare.h"
 #include "common/moe_run.h"
 #include "cuda/heuristics.h"
+#include "cuda/launch_util.cuh"
 #include "cuda/moe_kernels.h"
 #include "gpu/gpu_harness.h"
 #include "gpu/tolerance.h"
@@ -26,6 +28,14 @@ namespace {
 struct ForcedConfig {
   explicit ForcedConfig(int id, int fc2_id = -1) { cuda::ForceGemmConfig(id, fc2_id); }
   ~ForcedConfig() { cuda::ForceGemmConfig(-1); }
+};
+
+// The mma.sync kernels' L2 look-ahead for the scope, then back to what it was (MXMOE_L2_AHEAD's
+// value): tests that compare plans by name pin it at 0, since a look-ahead is named in the plan.
+struct ScopedL2Ahead {
+  const int before = cuda::L2Ahead();
+  explicit ScopedL2Ahead(int steps) { cuda::SetL2Ahead(steps); }
+  ~ScopedL2Ahead() { cuda::SetL2Ahead(before); }
 };
 
 // A synthetic layer of activation `kind` (biased for SwiGLU-bias), and for each token count and
@@ -113,6 +123,7 @@ TEST(CudaGemmConfigs, ConfigsAgreeOnAKimiShapedLayer) {
   MakeSyntheticInput(s, 512, RoutingPattern::kHeavyHitters, 951, &in);
   DeviceCase dc(*moe, in);
   const auto ref = dc.RunF32(/*reference=*/true);
+  const ScopedL2Ahead no_look_ahead(0);
   for (int id = 0; id < cuda::kNumGemmConfigs; ++id) {
     const ForcedConfig forced(id);
     const char* name = cuda::GemmInfo(static_cast<cuda::GemmConfigId>(id)).name;
@@ -125,6 +136,88 @@ TEST(CudaGemmConfigs, ConfigsAgreeOnAKimiShapedLayer) {
   // 4096 pairs per expert.
   EXPECT_EQ(moe->Plan(1), "n8c2");
   EXPECT_EQ(moe->Plan(4096), "wg128d3x3");
+}
+
+// The L2 look-ahead (GemmParams::l2_ahead) only asks the L2 for bytes the CTA copies later: every
+// config that reads it gives the same bits with it as without, and the plan names it (and only for
+// those configs). K = 992 has 16 steps (the last one partial) and I = 320 has 5, so a look-ahead of
+// 1 starts inside the first stages' steps, 3 is the usual case and 16 reaches past the end of both
+// reductions, and for n8c2 / n8c4 of each CTA's part of it; 2 I = 640 leaves the last row block
+// partial. What this cannot see: a prefetch has no result, so neither whether the look-ahead
+// instance ran (the plan comes from the setting) nor a prefetch of the wrong bytes (review and the
+// speed A/B, perf-log v20); it does see that instance computing anything differently.
+TEST(CudaGemmConfigs, L2LookAheadLeavesResultsBitIdentical) {
+  MXMOE_REQUIRE_SM90();
+  const LayerShape s{8, 992, 320, 4};
+  ExpertSet set = SyntheticSet(s, SpecFor(ActivationType::Situ, s.num_experts), 1900, {}, false);
+  auto moe = MakeCudaMoe(set);
+  ASSERT_TRUE(moe);
+  uint64_t seed = 1900;
+  for (int64_t t : {1, 37}) {
+    for (RoutingPattern pat : {RoutingPattern::kUniform, RoutingPattern::kWithInvalid}) {
+      SyntheticInput in;
+      MakeSyntheticInput(s, t, pat, ++seed, &in);
+      DeviceCase dc(*moe, in);
+      int checked = 0;
+      for (int id = 0; id < cuda::kNumGemmConfigs; ++id) {
+        const cuda::GemmConfigInfo info = cuda::GemmInfo(static_cast<cuda::GemmConfigId>(id));
+        const ForcedConfig forced(id);
+        if (!info.looks_ahead) {  // (the wgmma configs and n64)
+          const ScopedL2Ahead on(4);
+          EXPECT_EQ(moe->Plan(t), info.name);
+          continue;
+        }
+        std::vector<float> without;
+        {
+          const ScopedL2Ahead off(0);
+          ASSERT_EQ(moe->Plan(t), info.name);
+          without = dc.RunF32();
+        }
+        for (int ahead : {1, 3, 16}) {
+          const ScopedL2Ahead on(ahead);
+          SCOPED_TRACE(std::string(info.name) + " l2+" + std::to_string(ahead) + " " + RoutingPatternName(pat) +
+                       " T=" + std::to_string(t));
+          EXPECT_EQ(moe->Plan(t), std::string(info.name) + " l2+" + std::to_string(ahead));
+          EXPECT_TRUE(BitwiseEqual(dc.RunF32(), without));
+        }
+        ++checked;
+      }
+      EXPECT_EQ(checked, 5) << "n8, n32, n8k2, n8c2, n8c4";
+    }
+  }
+  // Out of range: clamped, never past kMaxL2Ahead or below 0.
+  {
+    const ScopedL2Ahead big(1000);
+    EXPECT_EQ(cuda::L2Ahead(), cuda::kMaxL2Ahead);
+  }
+  const ScopedL2Ahead negative(-5);
+  EXPECT_EQ(cuda::L2Ahead(), 0);
+}
+
+// The integer settings read from the environment (MXMOE_L2_AHEAD's kind): a whole decimal in range
+// or the fallback. Host code only.
+TEST(LaunchUtil, EnvIntTakesWholeNumbersInRange) {
+  const char* kName = "MXMOE_TEST_ENV_INT";
+  const auto read = [&](const char* value) {
+    if (value == nullptr) {
+      unsetenv(kName);
+    } else {
+      setenv(kName, value, 1);
+    }
+    const int v = cuda::EnvInt(kName, 0, 16, 5).Get();
+    unsetenv(kName);
+    return v;
+  };
+  EXPECT_EQ(read(nullptr), 5);
+  EXPECT_EQ(read("0"), 0);
+  EXPECT_EQ(read("16"), 16);
+  EXPECT_EQ(read("7"), 7);
+  for (const char* bad : {"", "17", "-1", "4x", "x4", "2.5", " "}) EXPECT_EQ(read(bad), 5) << "'" << bad << "'";
+  cuda::EnvInt setting(kName, 0, 16, 5);
+  setting.Set(99);
+  EXPECT_EQ(setting.Get(), 16);
+  setting.Set(-3);
+  EXPECT_EQ(setting.Get(), 0);
 }
 
 // The heuristics' narrow-tile boundary (heuristics.cu, perf-log v13.1): n8 below ~6 pairs per
@@ -197,6 +290,7 @@ TEST(CudaGemmConfigs, Fc2OnAConfigOfItsOwnMatchesReference) {
   ExpertSet set = SyntheticSet(s, SpecFor(ActivationType::Situ, s.num_experts), ++seed, {}, false);
   auto moe = MakeCudaMoe(set);
   ASSERT_TRUE(moe);
+  const ScopedL2Ahead no_look_ahead(0);
   for (int64_t t : {1, 37, 300}) {
     for (RoutingPattern pat : {RoutingPattern::kUniform, RoutingPattern::kWithInvalid}) {
       SyntheticInput in;

@@ -257,7 +257,13 @@ __device__ __forceinline__ void FinishMux(const float (&sum)[Cfg::kMFrags][2], i
 }
 
 // ---- kernel -----------------------------------------------------------------------------------
-template <class Cfg, bool kFc1>
+// kL2Ahead: the instance that reads p.l2_ahead (launched when it is positive, for configs with
+// kLooksAhead). The other has none of its code: the look-ahead's checks and addresses cost n8's
+// kernels 6 registers, and n64's FC1 would spill.
+template <class Cfg>
+inline constexpr bool kLooksAhead = Cfg::kBlockN <= 32;
+
+template <class Cfg, bool kFc1, bool kL2Ahead = false>
 __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_constant__ GemmParams p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900)
   extern __shared__ __align__(128) uint8_t smem[];
@@ -284,12 +290,24 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
   loader.Init(p, tc, smem_rows, tid, k_first);
   const int groups = loader.groups;
 
+  // The L2 look-ahead (GemmParams::l2_ahead): before copying step kt, thread 0 asks the L2 for step
+  // kt + ahead. Steps below kFirstLoop are copied before the main loop, so only later ones are asked
+  // for; those up to ahead - 1 are asked for here.
+  static_assert(!kL2Ahead || kLooksAhead<Cfg>, "only the configs that look ahead have the instance");
+  constexpr int kFirstLoop = (Cfg::kStages - 1) * Cfg::kKSub;
+  const int l2_ahead = kL2Ahead ? p.l2_ahead : 0;
+  if (kL2Ahead && tid == 0) {
+    for (int kt = kFirstLoop; kt < min(l2_ahead, k_tiles); ++kt) loader.PrefetchL2(kt);
+  }
+
   // Stage `chunk` holds steps chunk * kKSub .. + kKSub - 1 (those before k_tiles).
   auto load_stage = [&](int stage, int chunk) {
 #pragma unroll
     for (int j = 0; j < Cfg::kKSub; ++j) {
       const int kt = chunk * Cfg::kKSub + j;
       if (kt >= k_tiles) break;
+      if (kL2Ahead && tid == 0 && kt + l2_ahead >= kFirstLoop && kt + l2_ahead < k_tiles)
+        loader.PrefetchL2(l2_ahead);
       const uint32_t smem_stage = ptx::SmemAddr(smem + stage * Cfg::kSmemStage);
       loader.IssueNext(smem_stage + j * Cfg::kSubA, smem_stage + Cfg::kSmemA + j * Cfg::kSubScales,
                        smem_stage + Cfg::kSmemA + Cfg::kSmemScales + j * Cfg::kSubB, tid, p.b);
@@ -444,7 +462,12 @@ template <class Cfg>
 cudaError_t PrepareGemmConfig() {
   RegisterPhaseCycles("mma.sync BLOCK_N %d, %d stages, split %d ways in the CTA, %d CTAs per cluster", Cfg::kBlockN,
                       Cfg::kStages, Cfg::kSplitK, Cfg::kClusterK);
-  return AllowDynamicSmem(MoeGemmKernel<Cfg, true>, MoeGemmKernel<Cfg, false>, Cfg::kSmemBytes);
+  cudaError_t e = AllowDynamicSmem(MoeGemmKernel<Cfg, true>, MoeGemmKernel<Cfg, false>, Cfg::kSmemBytes);
+  if constexpr (kLooksAhead<Cfg>) {
+    if (e == cudaSuccess)
+      e = AllowDynamicSmem(MoeGemmKernel<Cfg, true, true>, MoeGemmKernel<Cfg, false, true>, Cfg::kSmemBytes);
+  }
+  return e;
 }
 
 template <class Cfg>
@@ -452,8 +475,11 @@ cudaError_t LaunchGemmConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, c
   dim3 grid;
   bool launch = false;
   if (const cudaError_t e = GridOf(grid_ctas * Cfg::kClusterK, &grid, &launch); e != cudaSuccess || !launch) return e;
-  return LaunchKernelInClusters(fc1 ? MoeGemmKernel<Cfg, true> : MoeGemmKernel<Cfg, false>, grid,
-                                dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, Cfg::kClusterK, p);
+  auto kernel = fc1 ? MoeGemmKernel<Cfg, true> : MoeGemmKernel<Cfg, false>;
+  if constexpr (kLooksAhead<Cfg>) {
+    if (p.l2_ahead > 0) kernel = fc1 ? MoeGemmKernel<Cfg, true, true> : MoeGemmKernel<Cfg, false, true>;
+  }
+  return LaunchKernelInClusters(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, Cfg::kClusterK, p);
 }
 
 template <class Cfg>
@@ -464,7 +490,7 @@ int ResidentCtasOf(bool fc1) {
 template <class Cfg>
 GemmConfigInfo InfoOf(const char* name) {
   return {name, Cfg::kBlockM, Cfg::kBlockN, Cfg::kThreads, Cfg::kStages, Cfg::kSmemBytes, false, 0,
-          &ResidentCtasOf<Cfg>};
+          kLooksAhead<Cfg>, &ResidentCtasOf<Cfg>};
 }
 
 // The instantiations, one per translation unit (moe_gemm_n*.cu).

@@ -74,7 +74,14 @@ EnvSwitch& PersistentFc1() {
   static EnvSwitch on{"MXMOE_FC1_PERSISTENT", kPersistentFc1Default};
   return on;
 }
+EnvInt& L2AheadSetting() {
+  static EnvInt steps{"MXMOE_L2_AHEAD", 0, kMaxL2Ahead, 0};
+  return steps;
+}
 }  // namespace
+
+void SetL2Ahead(int steps) { L2AheadSetting().Set(steps); }
+int L2Ahead() { return L2AheadSetting().Get(); }
 
 void SetPersistentFc1(bool on) { PersistentFc1().Set(on); }
 bool PersistentFc1Enabled() { return PersistentFc1().Get(); }

@@ -7,7 +7,8 @@
 // weight rows (wg128h: 128, half a prepacked block) x BLOCK_N tokens of one expert over the whole
 // reduction, in 64-wide steps; its MMAs are as wide as the tile's valid tokens rounded up to a
 // multiple of 8 (TileWidth).
-// Warp-specialized, three warpgroups (wg128h: the two consumers and a producer warp after them):
+// Warp-specialized, three warpgroups (wg128h: the two consumers only, consumer thread 0 issuing the
+// producer's copies between its MMAs; ConsumeTile):
 //   producer (warpgroup 0, one warp busy, few registers): per stage (kStepsPerStage steps), into a
 //     free one, the block's prepacked MXFP4 tiles and scales of those steps with two 1D bulk
 //     copies (contiguous in weight_layout.h), and per step the token rows of 64 bf16 through a
@@ -73,11 +74,13 @@ struct WgmmaConfig {
   static constexpr int kIdx = kRowGroups * 8;                    // FC1: the CTA's intermediates
   static constexpr int kConsumers = 2;  // consumer warpgroups
   // The producer: a warpgroup of its own (one warp busy) whose registers setmaxnreg hands to the
-  // consumers; or, for half blocks, one warp after the consumers' warpgroups and no setmaxnreg: ptxas
-  // compiles a kernel within its launch bound, and two CTAs of 384 threads per SM would allow 80
-  // registers, against the 94 that an m64n128 MMA with its operands needs.
-  static constexpr bool kProducerWarp = kRowGroups < kBlockRowGroups;
-  static constexpr int kThreads = 128 * kConsumers + (kProducerWarp ? 32 : 128);
+  // consumers; or, for half blocks, none: consumer thread 0 issues the copies between its MMAs
+  // (ConsumeTile), and no setmaxnreg. ptxas compiles a kernel within its launch bound: two CTAs of 384
+  // threads per SM allow 80 registers, and ptxas refused the m64n128 MMA with its operands in them;
+  // with a producer warp (288 threads) it got 96 and serialized every wgmma (C7512: each HGMMA
+  // followed by a wait for none in flight); 256 threads get 128.
+  static constexpr bool kInlineProducer = kRowGroups < kBlockRowGroups;
+  static constexpr int kThreads = 128 * kConsumers + (kInlineProducer ? 0 : 128);
   static constexpr int kMFrags = kRowGroups / 4 / kConsumers;  // m64 MMAs per consumer and k16 step
   static constexpr int kBlockM = kRowGroups * kTileRows;
   static constexpr int kBlockN = kBlockN_;
@@ -98,21 +101,22 @@ struct WgmmaConfig {
   // thread at launch: what ptxas allows under the launch bounds, each of the SM's 4 sub-partitions
   // (16 K registers) holding its share of the resident warps, rounded up, in steps of 8 (it gave 168
   // for one CTA of 384 threads, 80 for two, 96 for two of 288). One CTA per SM:
-  // 128 x 40 + 256 x 232 = 384 x 168 = 64512; two, 128 x 40 + 256 x 96 <= 384 x 80. With a producer
-  // warp every thread keeps the launch's share: two CTAs of 288 threads, 96 each.
+  // 128 x 40 + 256 x 232 = 384 x 168 = 64512; two, 128 x 40 + 256 x 96 <= 384 x 80. Without producer
+  // threads every thread keeps the launch's share: two CTAs of 256 threads, 128 each.
   static constexpr int kLaunchRegs = 16384 / ((kCtasPerSm * kThreads / 32 + 3) / 4 * 32) / 8 * 8;
-  static constexpr int kProducerRegs = kProducerWarp ? kLaunchRegs : 40;
+  static constexpr int kProducerRegs = kInlineProducer ? 0 : 40;  // (0: no producer threads)
   static constexpr int kConsumerRegs =
-      kProducerWarp ? kLaunchRegs : (kLaunchRegs * kThreads - 128 * kProducerRegs) / (128 * kConsumers) / 8 * 8;
+      kInlineProducer ? kLaunchRegs : (kLaunchRegs * kThreads - 128 * kProducerRegs) / (128 * kConsumers) / 8 * 8;
 
   static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= 128, "wgmma N: a multiple of 8 (<= 128 here)");
   static_assert(kStages >= 2 && kStages <= 8, "stages");
+  static_assert(!kInlineProducer || kStages >= 3, "ConsumeTile's copies keep kStages - 2 slots ahead");
   static_assert(kStepsPerStage >= 1 && kStepsPerStage <= 3, "reduction steps per stage");
   static_assert(kASets == 2 || kASets == 4, "A register sets: a divisor of the 4 k16 steps of a stage");
   static_assert(kSmemBytes <= 227 * 1024, "SM90 shared memory per block");
   static_assert(kRowGroups == kBlockRowGroups || kRowGroups == kBlockRowGroups / 2, "whole or half blocks");
   static_assert(kFc1StagedBytes<kBlockN, kIdx> <= kStages * kSmemStage, "FC1's epilogue reuses the stages");
-  static_assert(kProducerWarp || 128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= kLaunchRegs * kThreads,
+  static_assert(kInlineProducer || 128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= kLaunchRegs * kThreads,
                 "setmaxnreg");
   // A consumer thread holds its accumulators (kBlockN / 2 per m64 MMA), the kASets A register sets
   // and one step's A pieces and scale words; ptxas needs the rest of its budget for addresses.
@@ -212,6 +216,70 @@ __host__ __device__ constexpr int SlotsOf(int k_tiles) {
   return (k_tiles + Cfg::kStepsPerStage - 1) / Cfg::kStepsPerStage;
 }
 
+// The copies of one tile's pipeline slots (slot0 + i, i < SlotsOf(k_tiles)), issued by one thread once
+// the slot's stage is free: the block's A tiles and scales of the slot's reduction steps (two 1D bulk
+// copies: a whole block's consecutive steps are contiguous; a half block's come one step per copy) and
+// the tile's token rows of each step through the tensor maps, all completing on the stage's "full"
+// mbarrier.
+template <class Cfg>
+struct TileCopies {
+  const StageMap<Cfg>& sm;
+  const CUtensorMap* map_wide;
+  const CUtensorMap* map_narrow;
+  const uint8_t* gmem_a;
+  const uint8_t* gmem_s;
+  uint32_t a_bytes, s_bytes;  // the CTA's row groups of one step (bytes copied)
+  int64_t a_stride, s_stride;  // the block's (from one step to the next)
+  uint32_t b_bytes;           // a box counts all its bytes, rows past the tensor (zero-filled) included
+  bool narrow;
+  int width, seg_begin, k_tiles;
+
+  __device__ __forceinline__ TileCopies(const GemmParams& p, const TileCoords& tc, const StageMap<Cfg>& stages,
+                                        const CUtensorMap* wide, const CUtensorMap* narrow_map, int groups,
+                                        int tile_width, int steps)
+      : sm(stages), map_wide(wide), map_narrow(narrow_map) {
+    const PackedShape& shape = p.a_shape;
+    const int64_t first_tile = static_cast<int64_t>(tc.expert) * shape.Tiles() + shape.TileIndex(tc.group0, 0);
+    gmem_a = p.a_tiles + first_tile * kTileBytes;
+    gmem_s = p.a_scales + first_tile * kTileScaleBytes;
+    a_bytes = groups * kTileBytes;
+    s_bytes = groups * kTileScaleBytes;
+    const int64_t block_groups = BlockGroupsOf(p, tc);
+    a_stride = block_groups * kTileBytes;
+    s_stride = block_groups * kTileScaleBytes;
+    narrow = tile_width <= kNarrowLoadWidth;
+    b_bytes = (narrow ? tile_width : Cfg::kBlockN) * 128u;
+    width = tile_width;
+    seg_begin = tc.seg_begin;
+    k_tiles = steps;
+  }
+
+  // Slot i's copies into stage s (= (slot0 + i) % kStages; the caller has waited until it is free).
+  __device__ __forceinline__ void Issue(int i, int s) const {
+    const int kt = i * Cfg::kStepsPerStage;
+    const int steps = min(Cfg::kStepsPerStage, k_tiles - kt);
+    wgmma::MbarArriveExpectTx(sm.Full(s), steps * (a_bytes + s_bytes + b_bytes));
+    if (a_stride == a_bytes) {
+      wgmma::BulkLoad(sm.A(s), gmem_a + kt * a_stride, steps * a_bytes, sm.Full(s));
+      wgmma::BulkLoad(sm.Scales(s), gmem_s + kt * s_stride, steps * s_bytes, sm.Full(s));
+    } else {
+      for (int j = 0; j < steps; ++j) {
+        wgmma::BulkLoad(sm.A(s) + j * a_bytes, gmem_a + (kt + j) * a_stride, a_bytes, sm.Full(s));
+        wgmma::BulkLoad(sm.Scales(s) + j * s_bytes, gmem_s + (kt + j) * s_stride, s_bytes, sm.Full(s));
+      }
+    }
+    for (int j = 0; j < steps; ++j) {
+      const int col = (kt + j) * kTileCols;
+      if (narrow) {
+        for (int r = 0; r < width; r += 8)
+          wgmma::TensorLoad2d(sm.B(s, j) + r * 128, map_narrow, col, seg_begin + r, sm.Full(s));
+      } else {
+        wgmma::TensorLoad2d(sm.B(s, j), map_wide, col, seg_begin, sm.Full(s));
+      }
+    }
+  }
+};
+
 // What a consumer thread needs besides its tile width (ConsumerArgsOf).
 struct ConsumerArgs {
   int k_tiles, warp, wg, lane;
@@ -232,8 +300,15 @@ __device__ __forceinline__ ConsumerArgs ConsumerArgsOf(int k_tiles, int warp, in
 // A consumer warpgroup's main loop over a tile at MMA width kN, then tail(acc) with the finished
 // accumulators. Every stage it read is handed back to the producer, the last one too (a persistent
 // CTA's next tile reuses it).
+// Configs without producer threads (kInlineProducer) pass the tile's copies (one tile per CTA, from
+// slot 0: its first stages are free): thread 0 (consumer 0, warp 0, lane 0) issues the first
+// kStages - 1 slots before the loop and, at the start of slot
+// i >= 1, slot i + kStages - 2 into the stage that slot i - 1 freed at the end of its first step.
+// By then the other warps' arrivals are most of a slot old, so thread 0 seldom waits for them; a
+// producer would have refilled that stage a slot earlier (one slot more in flight).
 template <class Cfg, int kN, class Tail>
-__device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const ConsumerArgs& c, const Tail& tail) {
+__device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const ConsumerArgs& c,
+                                            const TileCopies<Cfg>* copies, const Tail& tail) {
   constexpr int kMFrags = Cfg::kMFrags, kNTiles = kN / 8;
   float acc[kMFrags][kNTiles][4];
 #pragma unroll
@@ -247,10 +322,22 @@ __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const Consu
   const int g = c.lane >> 2;
   const int slots = SlotsOf<Cfg>(c.k_tiles);
   const uint32_t a_step = c.groups * kTileBytes, s_step = c.groups * kTileScaleBytes;
+  const bool issues_copies = Cfg::kInlineProducer && c.wg == 0 && c.warp == 0 && c.lane == 0;
+  if constexpr (Cfg::kInlineProducer) {
+    if (issues_copies)
+      for (int i = 0; i < min(Cfg::kStages - 1, slots); ++i) copies->Issue(i, (c.slot0 + i) % Cfg::kStages);
+  }
   for (int i = 0; i < slots; ++i) {
     const int slot = c.slot0 + i;
     const int s = slot % Cfg::kStages;
     const int steps = min(Cfg::kStepsPerStage, c.k_tiles - i * Cfg::kStepsPerStage);
+    if constexpr (Cfg::kInlineProducer) {
+      const int refill = i + Cfg::kStages - 2;
+      if (issues_copies && i >= 1 && refill < slots) {
+        sm.WaitFree(c.slot0 + refill);
+        copies->Issue(refill, (c.slot0 + refill) % Cfg::kStages);
+      }
+    }
     sm.WaitLoaded(slot);
 #pragma unroll 1
     for (int j = 0; j < steps; ++j) {
@@ -287,12 +374,12 @@ __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const Consu
 // TileWidth<..., kCoarse>).
 template <class Cfg, int kN = 8, bool kCoarse = false, class Tail>
 __device__ __forceinline__ void ConsumeTileOfWidth(int width, const StageMap<Cfg>& sm, const ConsumerArgs& c,
-                                                   const Tail& tail) {
+                                                   const TileCopies<Cfg>* copies, const Tail& tail) {
   if constexpr (kN >= Cfg::kBlockN) {
-    ConsumeTile<Cfg, Cfg::kBlockN>(sm, c, tail);
+    ConsumeTile<Cfg, Cfg::kBlockN>(sm, c, copies, tail);
   } else {
-    if (width <= kN) ConsumeTile<Cfg, kN>(sm, c, tail);
-    else ConsumeTileOfWidth<Cfg, NextWidth<kCoarse>(kN), kCoarse>(width, sm, c, tail);
+    if (width <= kN) ConsumeTile<Cfg, kN>(sm, c, copies, tail);
+    else ConsumeTileOfWidth<Cfg, NextWidth<kCoarse>(kN), kCoarse>(width, sm, c, copies, tail);
   }
 }
 
@@ -300,54 +387,18 @@ __device__ __forceinline__ void ConsumeTileOfWidth(int width, const StageMap<Cfg
 template <class Acc>
 inline constexpr int kAccTiles = std::extent_v<std::remove_reference_t<Acc>, 1>;
 
-// The producer's copies of one tile (one thread of warp 0 issues them; the whole warp waits): for
-// each pipeline slot, into the next free stage, the block's A tiles and scales of the slot's
-// reduction steps (two 1D bulk copies: consecutive steps are contiguous) and the tile's token rows
-// of each step through the tensor maps. Slots are numbered from slot0 as in ConsumerArgs.
+// The producer's copies of one tile (one thread of warp 0 issues them; the whole warp waits for each
+// stage to be free). Slots are numbered from slot0 as in ConsumerArgs.
 template <class Cfg>
 __device__ __forceinline__ void ProduceTile(const GemmParams& p, const TileCoords& tc, const StageMap<Cfg>& sm,
                                             const CUtensorMap* map_wide, const CUtensorMap* map_narrow, int groups,
                                             int width, int k_tiles, int slot0, int lane) {
-  const PackedShape& shape = p.a_shape;
-  const int64_t first_tile = static_cast<int64_t>(tc.expert) * shape.Tiles() + shape.TileIndex(tc.group0, 0);
-  const uint8_t* gmem_a = p.a_tiles + first_tile * kTileBytes;
-  const uint8_t* gmem_s = p.a_scales + first_tile * kTileScaleBytes;
-  // The CTA's row groups of one step (bytes copied), and the block's (from one step to the next):
-  // the same for whole blocks, whose steps then come in one copy per stage.
-  const uint32_t a_bytes = groups * kTileBytes, s_bytes = groups * kTileScaleBytes;
-  const int64_t block_groups = BlockGroupsOf(p, tc);
-  const int64_t a_stride = block_groups * kTileBytes, s_stride = block_groups * kTileScaleBytes;
-  // A box counts all its bytes, rows past the tensor (zero-filled) included.
-  const bool narrow = width <= kNarrowLoadWidth;
-  const uint32_t b_bytes = (narrow ? width : Cfg::kBlockN) * 128u;
+  const TileCopies<Cfg> copies(p, tc, sm, map_wide, map_narrow, groups, width, k_tiles);
   const int slots = SlotsOf<Cfg>(k_tiles);
   for (int i = 0; i < slots; ++i) {
     const int slot = slot0 + i;
-    const int s = slot % Cfg::kStages;
-    const int kt = i * Cfg::kStepsPerStage;
-    const int steps = min(Cfg::kStepsPerStage, k_tiles - kt);
     sm.WaitFree(slot);
-    if (lane == 0) {
-      wgmma::MbarArriveExpectTx(sm.Full(s), steps * (a_bytes + s_bytes + b_bytes));
-      if (a_stride == a_bytes) {
-        wgmma::BulkLoad(sm.A(s), gmem_a + kt * a_stride, steps * a_bytes, sm.Full(s));
-        wgmma::BulkLoad(sm.Scales(s), gmem_s + kt * s_stride, steps * s_bytes, sm.Full(s));
-      } else {
-        for (int j = 0; j < steps; ++j) {
-          wgmma::BulkLoad(sm.A(s) + j * a_bytes, gmem_a + (kt + j) * a_stride, a_bytes, sm.Full(s));
-          wgmma::BulkLoad(sm.Scales(s) + j * s_bytes, gmem_s + (kt + j) * s_stride, s_bytes, sm.Full(s));
-        }
-      }
-      for (int j = 0; j < steps; ++j) {
-        const int col = (kt + j) * kTileCols;
-        if (narrow) {
-          for (int r = 0; r < width; r += 8)
-            wgmma::TensorLoad2d(sm.B(s, j) + r * 128, map_narrow, col, tc.seg_begin + r, sm.Full(s));
-        } else {
-          wgmma::TensorLoad2d(sm.B(s, j), map_wide, col, tc.seg_begin, sm.Full(s));
-        }
-      }
-    }
+    if (lane == 0) copies.Issue(i, slot % Cfg::kStages);
   }
 }
 
@@ -372,9 +423,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   const StageMap<Cfg> sm{(ptx::SmemAddr(smem_raw) + 1023u) & ~1023u};
   float* staged = reinterpret_cast<float*>(smem_raw + (sm.base - ptx::SmemAddr(smem_raw)));
 
-  // role 0: the producer's warpgroup (or warp, after the consumers'); 1 + wg: consumer wg.
+  // role 0: the producer's warpgroup (none with kInlineProducer); 1 + wg: consumer wg.
   const int tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 3;
-  const int role = Cfg::kProducerWarp ? (tid < 128 * Cfg::kConsumers ? 1 + (tid >> 7) : 0) : tid >> 7;
+  const int role = Cfg::kInlineProducer ? 1 + (tid >> 7) : tid >> 7;
   if (tid == 0) {
     InitStageBarriers(sm);
     wgmma::FenceMbarInit();
@@ -388,23 +439,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   if (groups == 0) return;  // the second half of a last block that has none (uniform over the CTA)
   const int width = TileWidth<Cfg::kBlockN>(tc.n_valid);
 
-  if (role == 0) {
-    // ---- producer ----
-    if constexpr (!Cfg::kProducerWarp) wgmma::RegDealloc<Cfg::kProducerRegs>();
-    if (warp == 0) {
-      sm.clock.Start();
-      ProduceTile(p, tc, sm, &map_wide, &map_narrow, groups, width, k_tiles, 0, lane);
-      RecordProducerPhases<kFc1>(sm.clock, lane == 0);
+  if constexpr (!Cfg::kInlineProducer) {
+    if (role == 0) {
+      // ---- producer ----
+      wgmma::RegDealloc<Cfg::kProducerRegs>();
+      if (warp == 0) {
+        sm.clock.Start();
+        ProduceTile(p, tc, sm, &map_wide, &map_narrow, groups, width, k_tiles, 0, lane);
+        RecordProducerPhases<kFc1>(sm.clock, lane == 0);
+      }
+      return;
     }
-    return;
   }
 
   // ---- consumers ----
-  if constexpr (!Cfg::kProducerWarp) wgmma::RegAlloc<Cfg::kConsumerRegs>();
+  if constexpr (!Cfg::kInlineProducer) wgmma::RegAlloc<Cfg::kConsumerRegs>();
   sm.clock.Start();
   const int wg = role - 1;
   const ConsumerArgs c = ConsumerArgsOf<Cfg>(k_tiles, warp, wg, lane, 0, groups);
-  ConsumeTileOfWidth<Cfg>(width, sm, c, [&](const auto& acc) {
+  const auto tail = [&](const auto& acc) {
     constexpr int kNTiles = kAccTiles<decltype(acc)>;
     if constexpr (kFc1) {
       // The stages become the staging planes once both consumers' MMAs are done with them (every
@@ -414,7 +467,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     } else {
       if (c.active) Fc2Epilogue<Cfg::kMFrags, kNTiles, Cfg::kConsumers>(p, acc, tc, warp, wg, lane);
     }
-  });
+  };
+  if constexpr (Cfg::kInlineProducer) {
+    // (Constructed by every consumer thread, used by thread 0 alone.)
+    const TileCopies<Cfg> copies(p, tc, sm, &map_wide, &map_narrow, groups, width, k_tiles);
+    ConsumeTileOfWidth<Cfg>(width, sm, c, &copies, tail);
+  } else {
+    ConsumeTileOfWidth<Cfg>(width, sm, c, nullptr, tail);
+  }
   if constexpr (kFc1) {
     ptx::NamedBarrierSync(kEpilogueBarrier, Cfg::kConsumers * 128);
     Fc1Epilogue<Cfg::kBlockN, Cfg::kIdx>(p, tc, groups, staged, wg * 4 + warp, Cfg::kConsumers * 4, lane);
@@ -477,6 +537,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     MoeWgmmaFc1PersistentKernel(const __grid_constant__ GemmParams p, const __grid_constant__ CUtensorMap map_wide,
                                 const __grid_constant__ CUtensorMap map_narrow) {
 #if MXMOE_WGMMA_AVAILABLE
+  // Its producer warp streams every item; ConsumeTile's own copies assume a CTA's one tile from slot 0.
+  static_assert(!Cfg::kInlineProducer, "the persistent kernel runs configs with producer threads");
   using Layout = PersistentFc1Layout<Cfg>;
   extern __shared__ uint8_t smem_raw[];
   const StageMap<Cfg> sm{(ptx::SmemAddr(smem_raw) + 1023u) & ~1023u};
@@ -552,7 +614,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       groups = GroupsOf(p, tc);
     }
     const ConsumerArgs c = ConsumerArgsOf<Cfg>(k_tiles, warp, wg, lane, slot, groups);
-    ConsumeTileOfWidth<Cfg, Layout::kMinWidth, Layout::kCoarseWidths>(width, sm, c, [&](const auto& acc) {
+    ConsumeTileOfWidth<Cfg, Layout::kMinWidth, Layout::kCoarseWidths>(width, sm, c, nullptr, [&](const auto& acc) {
       constexpr int kNTiles = kAccTiles<decltype(acc)>;
       // (The tile is looked up again here: kept across the main loop, it cost registers the
       // MMAs need.)
@@ -643,7 +705,7 @@ int WgmmaResidentCtasOf(bool fc1) {
 template <class Cfg>
 GemmConfigInfo WgmmaInfoOf(const char* name) {
   return {name,  Cfg::kBlockM, Cfg::kBlockN, Cfg::kThreads, Cfg::kStages, Cfg::kSmemBytes, true, Cfg::kCtasPerSm,
-          &WgmmaResidentCtasOf<Cfg>};
+          false, &WgmmaResidentCtasOf<Cfg>};
 }
 
 // The instantiations, one per translation unit (moe_wgmma_*.cu).
@@ -671,13 +733,14 @@ using ConfigWg128Deep4x2 = WgmmaConfig<128, 4, 3, 1, 2>;
 // expert. (Two stages of four steps were 6% slower than it at Kimi-K3 T = 2048: perf-log v14.)
 using ConfigWg128Deep3x3 = WgmmaConfig<128, 3, 3, 1, 3>;
 // Half a row block per CTA (128 rows: one m64 MMA per consumer warpgroup and k16 step), 5 stages of
-// one step (106 KB) and 96 registers per thread (ptxas uses 94), so that two CTAs share an SM: while one
-// runs its epilogue (FC1's took 19% of wg128d3x3's consumer cycles at Kimi-K3 T = 4096, FC2's 15%;
-// perf-log v18) or fills its pipeline, the other's MMAs keep the tensor cores busy. Each CTA loads
-// the tile's token rows itself (twice the B traffic of a whole-block CTA) and its weights one step
-// per copy (a half block's steps are not contiguous). perf-log v19.
+// one step (106 KB) and 256 threads of 128 registers (no producer threads), so that two CTAs share an
+// SM: while one runs its epilogue (FC1's took 19% of wg128d3x3's consumer cycles at Kimi-K3 T = 4096,
+// FC2's 15%; perf-log v18) or fills its pipeline, the other's MMAs keep the tensor cores busy. Each
+// CTA loads the tile's token rows itself (twice the B traffic of a whole-block CTA) and its weights
+// one step per copy (a half block's steps are not contiguous). perf-log v19, v20.
 // Its ring and MMA groups in flight are build options for the first device A/Bs (two CTAs need
-// 2 * (stages * steps * 21 KB + 2 KB) <= 228 KB: 5 x 1, 4 x 1 or 2 x 2).
+// 2 * (stages * steps * 21 KB + 2 KB) <= 228 KB, FC1's epilogue planes 70 KB of them and thread 0's
+// copies at least 3 stages: 5 x 1 or 4 x 1).
 #ifndef MXMOE_WG128H_STAGES
 #define MXMOE_WG128H_STAGES 5
 #endif

@@ -121,6 +121,14 @@ struct StepLoader {
     }
   }
 
+  // Thread 0 only (its pieces are the first of each step, so its sources are the block's): asks
+  // the L2 for the weights and scales of the step `ahead` steps after the one IssueNext copies
+  // next. The caller keeps that step within the CTA's reduction.
+  __device__ __forceinline__ void PrefetchL2(int ahead) const {
+    ptx::PrefetchBulkL2(src_a + ahead * a_step, static_cast<uint32_t>(a_step));
+    ptx::PrefetchBulkL2(src_s + ahead * groups * kTileScaleBytes, static_cast<uint32_t>(groups * kTileScaleBytes));
+  }
+
   // The next step into the shared-window addresses smem_a (groups A tiles), smem_s (their scales)
   // and smem_b (BLOCK_N rows); columns past k_valid and rows past the segment are zero-filled
   // (cp.async with 0 source bytes, from any valid address).
