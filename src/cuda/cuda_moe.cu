@@ -264,8 +264,9 @@ class Sm90Path final : public KernelPath {
     g1.b_stride = XStride();
     g1.b_rows = call.chunk_tokens;
     if (cuda::GemmInfo(id).loads_sorted_rows) {
-      // The wgmma kernels load a tile's tokens as one box: gather them in sorted order first, into
-      // y's space (y is written only by FC2, and a bf16 row of XStride() fits in an fp32 row of K).
+      // The configs fed by TMA load a tile's tokens as boxes of rows: gather them in sorted order
+      // first, into y's space (y is written only by FC2, and a bf16 row of XStride() fits in an fp32
+      // row of K).
       uint16_t* xs = reinterpret_cast<uint16_t*>(call.y);
       const int64_t max_rows = call.pair_capacity;
       MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchGatherRows(g1.b, XStride(), dims_.hidden, call.sorted_pairs,

@@ -222,12 +222,13 @@ int L2Ahead();
 // cluster (perf-log v12), wg32x2d wgmma tiles of up to 32 tokens, 3 MMA groups in flight, two
 // CTAs per SM (perf-log v13.1), n8c4 n8c2 with clusters of four (perf-log v13.2), wg128d4x2 and
 // wg128d3x3 wg128d8's ring as 4 stages of two reduction steps and 3 stages of three (perf-log v14),
-// wg128h BLOCK_N 128 with half a row block per CTA and two CTAs per SM (perf-log v19).
+// wg128h BLOCK_N 128 with half a row block per CTA and two CTAs per SM (perf-log v19, v20), n32t and
+// n8t n32's and n8's warps fed by the copy engine instead of cp.async (perf-log v20).
 enum class GemmConfigId : int {
   kN8 = 0, kN32 = 1, kN64 = 2, kWg64 = 3, kWg128 = 4, kWg128d = 5, kWg128d8 = 6, kN8k2 = 7, kN8c2 = 8,
-  kWg32x2d = 9, kN8c4 = 10, kWg128d4x2 = 11, kWg128d3x3 = 12, kWg128h = 13
+  kWg32x2d = 9, kN8c4 = 10, kWg128d4x2 = 11, kWg128d3x3 = 12, kWg128h = 13, kN32t = 14, kN8t = 15
 };
-inline constexpr int kNumGemmConfigs = 14;
+inline constexpr int kNumGemmConfigs = 16;
 
 struct GemmConfigInfo {
   const char* name;
@@ -236,8 +237,8 @@ struct GemmConfigInfo {
   int threads;
   int stages;
   int smem_bytes;
-  // FC1 reads its tokens as rows in sorted order (LaunchGatherRows first: the wgmma kernels)
-  // rather than gathering them from xq itself (the mma.sync kernels).
+  // FC1 reads its tokens as rows in sorted order (LaunchGatherRows first: the configs fed by TMA,
+  // wgmma and n32t / n8t) rather than gathering them from xq itself (the cp.async mma.sync ones).
   bool loads_sorted_rows;
   // The CTAs per SM the config is built for (its launch bounds, register split and shared memory;
   // the wgmma configs), 0 where that is left to the occupancy the kernel gets (the mma.sync ones).

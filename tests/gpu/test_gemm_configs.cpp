@@ -1,5 +1,6 @@
-// Every GEMM config of the SM90 path (mma.sync n8 / n8k2 / n8c2 / n8c4 / n32 / n64, wgmma
-// wg32x2d / wg64 / wg128 / wg128d / wg128d8 / wg128d4x2 / wg128d3x3), against the CPU reference:
+// Every GEMM config of the SM90 path (mma.sync n8 / n8k2 / n8c2 / n8c4 / n32 / n64, the same fed by
+// TMA n32t / n8t, wgmma wg32x2d / wg64 / wg128 / wg128d / wg128d8 / wg128d4x2 / wg128d3x3 / wg128h),
+// against the CPU reference:
 // the heuristics alone would leave some configs untested on small shapes (and the wgmma ones only
 // on large shapes checked against the GPU reference).
 #include <gtest/gtest.h>
@@ -162,7 +163,7 @@ TEST(CudaGemmConfigs, L2LookAheadLeavesResultsBitIdentical) {
       for (int id = 0; id < cuda::kNumGemmConfigs; ++id) {
         const cuda::GemmConfigInfo info = cuda::GemmInfo(static_cast<cuda::GemmConfigId>(id));
         const ForcedConfig forced(id);
-        if (!info.looks_ahead) {  // (the wgmma configs and n64)
+        if (!info.looks_ahead) {  // (the wgmma configs, n64, n32t and n8t)
           const ScopedL2Ahead on(4);
           EXPECT_EQ(moe->Plan(t), info.name);
           continue;

@@ -10,6 +10,8 @@
 //      times a bf16 power of two built from the scale byte).
 //   B: bf16 rows (the exact dequantized MXFP8 activations), gathered by cp.async into a swizzled
 //      shared tile and read with ldmatrix.
+// MoeGemmTmaKernel (n32t, n8t) runs the same warps with A, its scales and B (rows in sorted order)
+// brought by bulk copies and TMA onto mbarriers instead, as the wgmma kernels are fed.
 //   Products are exact in the bf16 MMA; accumulation is fp32.
 // For FC1 a warp's 64 rows are 32 gate rows and the 32 up rows of the same intermediate indices
 // (row groups interleave gate and up by 8); the epilogue re-arranges the tile through the stages'
@@ -27,6 +29,8 @@
 #include "cuda/ptx.cuh"
 #include "cuda/sm90/epilogue.cuh"
 #include "cuda/sm90/phase_timing.cuh"
+#include "cuda/sm90/stage_ring.cuh"
+#include "cuda/sm90/tensor_map.h"
 #include "cuda/sm90/tile_loader.cuh"
 #include "cuda/weight_layout.h"
 #include "mxmoe/formats.h"
@@ -457,6 +461,123 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
 #endif
 }
 
+// ---- the same tiles fed by the copy engine (perf-log v20) ----------------------------------------
+// TmaGemmConfig: the mma.sync warps of GemmConfig (4 warps of 64 rows, MMAs on the tile's valid
+// tokens with kAdaptiveWidth) over the wgmma kernels' ring of stages (stage_ring.cuh): per 64-wide
+// step, one bulk copy of the block's weights, one of their scales and the tile's token rows through
+// the tensor maps (rows in sorted order: FC1's tokens are gathered first), completing on the stage's
+// "full" mbarrier. They are issued kStages - 2 steps ahead (ConsumeTile's scheme), by lane 0 of each
+// warp in turn (step i's refill by warp i % 4, so that no warp carries all the copies); each warp
+// hands a stage back on its "empty" mbarrier once it has read it. So no CTA barrier per step and no
+// per-thread copies: in n32 those (cp.async of the step's pieces, the wait, the barrier, the loop)
+// are ~90 of the ~400 instructions a warp issues per 24-wide step (perf-log v17).
+template <int kBlockN_, int kStages_, bool kAdaptiveWidth_ = false>
+struct TmaGemmConfig {
+  static constexpr int kSplitK = 1;
+  static constexpr int kClusterK = 1;
+  static constexpr int kRowWarps = 4;
+  static constexpr int kWarps = kRowWarps;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kMFrags = kWarpRowGroups;
+  static constexpr int kBlockGroups = kRowWarps * kMFrags;
+  static constexpr int kBlockM = kBlockGroups * kTileRows;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kNTiles = kBlockN / 8;
+  static constexpr bool kAdaptiveWidth = kAdaptiveWidth_;
+  static constexpr int kStages = kStages_;
+  // StageMap's and TileCopies' names (stage_ring.cuh): one step per stage, token rows first.
+  static constexpr int kStepsPerStage = 1;
+  static constexpr int kSubB = kBlockN * 128;
+  static constexpr int kSubA = kBlockGroups * kTileBytes;
+  static constexpr int kSubScales = kBlockGroups * kTileScaleBytes;
+  static constexpr int kSmemStage = (kSubB + kSubA + kSubScales + 1023) / 1024 * 1024;
+  // Dynamic shared memory is only 16-byte aligned: 1 KB of slack to align the stages.
+  static constexpr int kSmemBytes = 1024 + kStages * kSmemStage + 2 * kStages * 8;
+
+  static_assert(kBlockGroups == kBlockRowGroups, "the prepacked layout groups 256 rows per CTA");
+  static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= kNarrowLoadWidth,
+                "token rows in 8-row boxes, as many as the tile's width");
+  static_assert(kStages >= 3 && kStages <= 8, "the copies run kStages - 2 steps ahead");
+  static_assert(kSmemBytes <= 227 * 1024, "SM90 shared memory per block");
+  static_assert(kFc1StagedBytes<kBlockN> <= kStages * kSmemStage, "FC1's epilogue reuses the stages");
+};
+
+// p.b (rows in sorted order) through two tensor maps, boxes of 64 columns x BLOCK_N rows (wide,
+// unused at these widths) and x 8 rows (narrow).
+template <class Cfg, bool kFc1>
+__global__ void __launch_bounds__(Cfg::kThreads)
+    MoeGemmTmaKernel(const __grid_constant__ GemmParams p, const __grid_constant__ CUtensorMap map_wide,
+                     const __grid_constant__ CUtensorMap map_narrow) {
+#if MXMOE_WGMMA_AVAILABLE
+  extern __shared__ uint8_t smem_raw[];
+  const StageMap<Cfg> sm{(ptx::SmemAddr(smem_raw) + 1023u) & ~1023u};
+  uint8_t* const smem = smem_raw + (sm.base - ptx::SmemAddr(smem_raw));  // the stages, generic
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (tid == 0) {
+    InitStageBarriers(sm, Cfg::kWarps);
+    wgmma::FenceMbarInit();
+  }
+  ptx::EnterPipelineKernel();
+  TileCoords tc;
+  // B rows are the tile's sorted positions for both GEMMs: no per-column row table.
+  if (!ReadTile<Cfg::kBlockN, kFc1>(p, blockIdx.x, tid, Cfg::kThreads, nullptr, &tc)) return;  // (a barrier)
+  const int k_tiles = static_cast<int>(p.a_shape.col_tiles);
+  const int groups = GroupsOf(p, tc);
+  const TileCopies<Cfg> copies(p, tc, sm, &map_wide, &map_narrow, groups, TileWidth<Cfg::kBlockN>(tc.n_valid),
+                               k_tiles);
+  sm.clock.Start();
+
+  float acc[Cfg::kMFrags][Cfg::kNTiles][4];
+#pragma unroll
+  for (int f = 0; f < Cfg::kMFrags; ++f)
+#pragma unroll
+    for (int nt = 0; nt < Cfg::kNTiles; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[f][nt][i] = 0.0f;
+  // Rows are padded to 64 per warp, so a warp's 4 row tiles are all real or all padding. Padding
+  // warps still wait for each stage and hand it back: the "empty" barriers count every warp, and an
+  // arrival may not run ahead of the stage's round.
+  const bool warp_active = warp * Cfg::kMFrags < groups;
+  const int n_tiles = (tc.n_valid + 7) / 8;  // MMA tiles with a real column (kAdaptiveWidth)
+
+  if (tid == 0)
+    for (int i = 0; i < min(Cfg::kStages - 1, k_tiles); ++i) copies.Issue(i, i);
+  for (int i = 0; i < k_tiles; ++i) {
+    const int s = i % Cfg::kStages;
+    // Into the stage step i - 2 freed. (Every wait is on an earlier step than the waiter's own,
+    // whose copies were issued at an earlier step still: no warp can wait on itself.)
+    const int refill = i + Cfg::kStages - 2;
+    if (lane == 0 && warp == i % Cfg::kWarps && i >= 1 && refill < k_tiles) {
+      sm.WaitFree(refill);
+      copies.Issue(refill, refill % Cfg::kStages);
+    }
+    sm.WaitLoaded(i);
+    __syncwarp();  // (lane 0 may come from the copies' branch: converged for ldmatrix and mma)
+    if (warp_active) {
+      const uint8_t* stage = smem + s * Cfg::kSmemStage;
+      ComputeStepOfWidth<Cfg>(n_tiles, stage + Cfg::kSubB, stage + Cfg::kSubB + Cfg::kSubA, stage, warp, lane, acc);
+    }
+    __syncwarp();  // every lane's reads of the stage are done
+    if (lane == 0) wgmma::MbarArrive(sm.Empty(s));
+  }
+  sm.clock.MainEnd();
+  if constexpr (kFc1) {
+    // The stages become the staging planes once every warp is past its last one (every copy has
+    // landed: each was waited for).
+    float* staged = reinterpret_cast<float*>(smem);
+    __syncthreads();
+    if (warp_active) StageFc1<Cfg::kMFrags, Cfg::kNTiles, 1, Cfg::kBlockN>(acc, warp, 0, lane, staged);
+    __syncthreads();
+    Fc1Epilogue<Cfg::kBlockN>(p, tc, groups, staged, warp, Cfg::kWarps, lane);
+  } else {
+    if (warp_active) Fc2Epilogue<Cfg::kMFrags, Cfg::kNTiles, 1>(p, acc, tc, warp, 0, lane);
+  }
+  RecordConsumerPhases<kFc1>(sm.clock, tid == 0);
+#else
+  __trap();  // built for sm_90a only; cuda_moe.cu refuses other devices before launching
+#endif
+}
+
 // ---- launch -----------------------------------------------------------------------------------
 template <class Cfg>
 cudaError_t PrepareGemmConfig() {
@@ -493,6 +614,35 @@ GemmConfigInfo InfoOf(const char* name) {
           kLooksAhead<Cfg>, &ResidentCtasOf<Cfg>};
 }
 
+template <class Cfg>
+cudaError_t PrepareTmaGemmConfig() {
+  RegisterPhaseCycles("mma.sync fed by TMA, BLOCK_N %d, %d stages", Cfg::kBlockN, Cfg::kStages);
+  return AllowDynamicSmem(MoeGemmTmaKernel<Cfg, true>, MoeGemmTmaKernel<Cfg, false>, Cfg::kSmemBytes);
+}
+
+template <class Cfg>
+cudaError_t LaunchTmaGemmConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, cudaStream_t stream) {
+  dim3 grid;
+  bool launch = false;
+  if (const cudaError_t e = GridOf(grid_ctas, &grid, &launch); e != cudaSuccess || !launch) return e;
+  CUtensorMap wide, narrow;
+  if (const cudaError_t e = MakeTokenMaps(p, Cfg::kBlockN, &wide, &narrow); e != cudaSuccess) return e;
+  return LaunchKernel(fc1 ? MoeGemmTmaKernel<Cfg, true> : MoeGemmTmaKernel<Cfg, false>, grid, dim3(Cfg::kThreads),
+                      Cfg::kSmemBytes, stream, p, wide, narrow);
+}
+
+template <class Cfg>
+int TmaResidentCtasOf(bool fc1) {
+  return ResidentCtas(fc1 ? MoeGemmTmaKernel<Cfg, true> : MoeGemmTmaKernel<Cfg, false>, Cfg::kThreads,
+                      Cfg::kSmemBytes);
+}
+
+template <class Cfg>
+GemmConfigInfo TmaInfoOf(const char* name) {
+  return {name, Cfg::kBlockM, Cfg::kBlockN, Cfg::kThreads, Cfg::kStages, Cfg::kSmemBytes, true, 0, false,
+          &TmaResidentCtasOf<Cfg>};
+}
+
 // The instantiations, one per translation unit (moe_gemm_n*.cu).
 // Decode, 1-8 tokens per expert, weights streamed from HBM. Three stages (29 KB) let 7 CTAs share
 // an SM, 28 warps to hide the dequantization's dependent chains; six stages (3 CTAs) left the
@@ -513,5 +663,10 @@ using ConfigN8Cluster2 = GemmConfig<8, 3, 1, false, 1, 2>;
 // n8c2 with clusters of four CTAs, each a quarter of the reduction, for calls with still fewer tiles
 // (GPT-OSS-120B at T = 1: ~91 FC1 and ~47 FC2 tiles). perf-log v13.2.
 using ConfigN8Cluster4 = GemmConfig<8, 3, 1, false, 1, 4>;
+// n32 and n8 fed by the copy engine (MoeGemmTmaKernel; forced only, not yet measured: perf-log v20).
+// n32t: 5 stages of 13 KB, so that 3 CTAs still share an SM and 3 steps are in flight as in n32.
+// n8t: 4 stages of 10 KB (2 steps in flight, 5 CTAs per SM by shared memory, against n8's 7).
+using ConfigN32Tma = TmaGemmConfig<32, 5, true>;
+using ConfigN8Tma = TmaGemmConfig<8, 4>;
 
 }  // namespace mxmoe::cuda::sm90

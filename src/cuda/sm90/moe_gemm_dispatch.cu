@@ -27,6 +27,8 @@ MXMOE_DECLARE_CONFIG(Wg128d4x2)
 MXMOE_DECLARE_CONFIG(Wg128d3x3)
 MXMOE_DECLARE_CONFIG(N8c4)
 MXMOE_DECLARE_CONFIG(Wg128h)
+MXMOE_DECLARE_CONFIG(N32t)
+MXMOE_DECLARE_CONFIG(N8t)
 #undef MXMOE_DECLARE_CONFIG
 }  // namespace sm90
 
@@ -46,6 +48,8 @@ GemmConfigInfo GemmInfo(GemmConfigId id) {
     case GemmConfigId::kWg128d3x3: return sm90::InfoWg128d3x3();
     case GemmConfigId::kN8c4: return sm90::InfoN8c4();
     case GemmConfigId::kWg128h: return sm90::InfoWg128h();
+    case GemmConfigId::kN32t: return sm90::InfoN32t();
+    case GemmConfigId::kN8t: return sm90::InfoN8t();
   }
   return sm90::InfoN8();
 }
@@ -65,6 +69,8 @@ cudaError_t PrepareGemmKernels() {
   if (e == cudaSuccess) e = sm90::PrepareGemmWg128d3x3();
   if (e == cudaSuccess) e = sm90::PrepareGemmN8c4();
   if (e == cudaSuccess) e = sm90::PrepareGemmWg128h();
+  if (e == cudaSuccess) e = sm90::PrepareGemmN32t();
+  if (e == cudaSuccess) e = sm90::PrepareGemmN8t();
   return e;
 }
 
@@ -106,6 +112,8 @@ cudaError_t LaunchGemm(GemmConfigId id, bool fc1, const GemmParams& p, int64_t g
     case GemmConfigId::kWg128d3x3: return sm90::LaunchGemmWg128d3x3(fc1, p, grid_ctas, stream);
     case GemmConfigId::kN8c4: return sm90::LaunchGemmN8c4(fc1, p, grid_ctas, stream);
     case GemmConfigId::kWg128h: return sm90::LaunchGemmWg128h(fc1, p, grid_ctas, stream);
+    case GemmConfigId::kN32t: return sm90::LaunchGemmN32t(fc1, p, grid_ctas, stream);
+    case GemmConfigId::kN8t: return sm90::LaunchGemmN8t(fc1, p, grid_ctas, stream);
   }
   return cudaErrorInvalidValue;
 }

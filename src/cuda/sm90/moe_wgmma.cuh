@@ -45,6 +45,7 @@
 #include "cuda/ptx.cuh"
 #include "cuda/sm90/epilogue.cuh"
 #include "cuda/sm90/phase_timing.cuh"
+#include "cuda/sm90/stage_ring.cuh"
 #include "cuda/sm90/tensor_map.h"
 #include "cuda/sm90/tile_loader.cuh"
 #include "cuda/sm90/wgmma.cuh"
@@ -164,121 +165,6 @@ __device__ __forceinline__ void IssueStep(const uint4 (&frag_a)[kMFrags], const 
   // every MMA of the step before has finished reading its stage.
   clock.TimeMmaWait([] { wgmma::Wait<kASets - 1>(); });
 }
-
-// The tile widths the MMAs take: a tile's valid columns rounded up to a multiple of 8, at most
-// BLOCK_N. An expert's last tile (or its only one: ~73 tokens at T = 4096 for Kimi-K3, ~98 in
-// T = 16384's chunks) then spends no MMA on more than 7 padding columns (15 with v13's steps of 16
-// above 32; perf-log v13.3). kCoarse keeps steps of 16 above 32, for the persistent FC1 kernel
-// (PersistentFc1Layout::kCoarseWidths).
-template <bool kCoarse = false>
-__host__ __device__ constexpr int NextWidth(int n) {
-  return kCoarse && n >= 32 ? n + 16 : n + 8;
-}
-
-template <int kBlockN, int kMinWidth = 8, bool kCoarse = false>
-__device__ __forceinline__ int TileWidth(int n_valid) {
-  int w = kMinWidth;
-  while (w < n_valid && w < kBlockN) w = NextWidth<kCoarse>(w);
-  return w < kBlockN ? w : kBlockN;
-}
-
-// Tiles up to this wide load their token rows as 8-row boxes (one swizzle atom each, only the
-// rows the MMAs read); wider ones as one box of BLOCK_N rows.
-inline constexpr int kNarrowLoadWidth = 32;
-
-// Shared memory of a CTA: kStages stages (B tiles first: their swizzle atoms need 1024-byte
-// alignment, then the A tiles and their scales), then the full and empty mbarriers.
-// Shared-window addresses; B(s, j) is the B tile of the stage's step j.
-template <class Cfg>
-struct StageMap {
-  uint32_t base;
-  PhaseClock clock;  // this thread's (phase_timing.cuh; empty unless built with MXMOE_PHASE_TIMING)
-  __device__ uint32_t B(int s, int j = 0) const { return base + s * Cfg::kSmemStage + j * Cfg::kSubB; }
-  __device__ uint32_t A(int s) const { return B(s, Cfg::kStepsPerStage); }
-  __device__ uint32_t Scales(int s) const { return A(s) + Cfg::kStepsPerStage * Cfg::kSubA; }
-  __device__ uint32_t Full(int s) const { return base + Cfg::kStages * Cfg::kSmemStage + 8u * s; }
-  __device__ uint32_t Empty(int s) const { return Full(Cfg::kStages + s); }
-  // Pipeline slot `slot` (one stage's load: kStepsPerStage reduction steps, fewer at a tile's end)
-  // uses stage slot % kStages, in round slot / kStages of it. The consumers wait until the slot's
-  // stage is loaded; the producer until it is free again (the first kStages slots find theirs free).
-  __device__ void WaitLoaded(int slot) const {
-    clock.Time([&] { wgmma::MbarWait(Full(slot % Cfg::kStages), (slot / Cfg::kStages) & 1); });
-  }
-  __device__ void WaitFree(int slot) const {
-    if (slot >= Cfg::kStages)
-      clock.Time([&] { wgmma::MbarWait(Empty(slot % Cfg::kStages), (slot / Cfg::kStages - 1) & 1); });
-  }
-};
-
-// The pipeline slots of a tile of k_tiles reduction steps.
-template <class Cfg>
-__host__ __device__ constexpr int SlotsOf(int k_tiles) {
-  return (k_tiles + Cfg::kStepsPerStage - 1) / Cfg::kStepsPerStage;
-}
-
-// The copies of one tile's pipeline slots (slot0 + i, i < SlotsOf(k_tiles)), issued by one thread once
-// the slot's stage is free: the block's A tiles and scales of the slot's reduction steps (two 1D bulk
-// copies: a whole block's consecutive steps are contiguous; a half block's come one step per copy) and
-// the tile's token rows of each step through the tensor maps, all completing on the stage's "full"
-// mbarrier.
-template <class Cfg>
-struct TileCopies {
-  const StageMap<Cfg>& sm;
-  const CUtensorMap* map_wide;
-  const CUtensorMap* map_narrow;
-  const uint8_t* gmem_a;
-  const uint8_t* gmem_s;
-  uint32_t a_bytes, s_bytes;  // the CTA's row groups of one step (bytes copied)
-  int64_t a_stride, s_stride;  // the block's (from one step to the next)
-  uint32_t b_bytes;           // a box counts all its bytes, rows past the tensor (zero-filled) included
-  bool narrow;
-  int width, seg_begin, k_tiles;
-
-  __device__ __forceinline__ TileCopies(const GemmParams& p, const TileCoords& tc, const StageMap<Cfg>& stages,
-                                        const CUtensorMap* wide, const CUtensorMap* narrow_map, int groups,
-                                        int tile_width, int steps)
-      : sm(stages), map_wide(wide), map_narrow(narrow_map) {
-    const PackedShape& shape = p.a_shape;
-    const int64_t first_tile = static_cast<int64_t>(tc.expert) * shape.Tiles() + shape.TileIndex(tc.group0, 0);
-    gmem_a = p.a_tiles + first_tile * kTileBytes;
-    gmem_s = p.a_scales + first_tile * kTileScaleBytes;
-    a_bytes = groups * kTileBytes;
-    s_bytes = groups * kTileScaleBytes;
-    const int64_t block_groups = BlockGroupsOf(p, tc);
-    a_stride = block_groups * kTileBytes;
-    s_stride = block_groups * kTileScaleBytes;
-    narrow = tile_width <= kNarrowLoadWidth;
-    b_bytes = (narrow ? tile_width : Cfg::kBlockN) * 128u;
-    width = tile_width;
-    seg_begin = tc.seg_begin;
-    k_tiles = steps;
-  }
-
-  // Slot i's copies into stage s (= (slot0 + i) % kStages; the caller has waited until it is free).
-  __device__ __forceinline__ void Issue(int i, int s) const {
-    const int kt = i * Cfg::kStepsPerStage;
-    const int steps = min(Cfg::kStepsPerStage, k_tiles - kt);
-    wgmma::MbarArriveExpectTx(sm.Full(s), steps * (a_bytes + s_bytes + b_bytes));
-    if (a_stride == a_bytes) {
-      wgmma::BulkLoad(sm.A(s), gmem_a + kt * a_stride, steps * a_bytes, sm.Full(s));
-      wgmma::BulkLoad(sm.Scales(s), gmem_s + kt * s_stride, steps * s_bytes, sm.Full(s));
-    } else {
-      for (int j = 0; j < steps; ++j) {
-        wgmma::BulkLoad(sm.A(s) + j * a_bytes, gmem_a + (kt + j) * a_stride, a_bytes, sm.Full(s));
-        wgmma::BulkLoad(sm.Scales(s) + j * s_bytes, gmem_s + (kt + j) * s_stride, s_bytes, sm.Full(s));
-      }
-    }
-    for (int j = 0; j < steps; ++j) {
-      const int col = (kt + j) * kTileCols;
-      if (narrow) {
-        for (int r = 0; r < width; r += 8)
-          wgmma::TensorLoad2d(sm.B(s, j) + r * 128, map_narrow, col, seg_begin + r, sm.Full(s));
-      } else {
-        wgmma::TensorLoad2d(sm.B(s, j), map_wide, col, seg_begin, sm.Full(s));
-      }
-    }
-  }
-};
 
 // What a consumer thread needs besides its tile width (ConsumerArgsOf).
 struct ConsumerArgs {
@@ -402,15 +288,6 @@ __device__ __forceinline__ void ProduceTile(const GemmParams& p, const TileCoord
   }
 }
 
-// Initializes the stages' mbarriers (thread 0; the caller's next barrier publishes them).
-template <class Cfg>
-__device__ __forceinline__ void InitStageBarriers(const StageMap<Cfg>& sm) {
-  for (int s = 0; s < Cfg::kStages; ++s) {
-    wgmma::MbarInit(sm.Full(s), 1);                     // the producer's arrival + bytes
-    wgmma::MbarInit(sm.Empty(s), Cfg::kConsumers * 4);  // one arrival per consumer warp
-  }
-}
-
 // ---- kernel -----------------------------------------------------------------------------------
 // p.b (rows in sorted order) through two tensor maps, boxes of 64 columns x BLOCK_N rows (wide) and
 // x 8 rows (narrow).
@@ -427,7 +304,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   const int tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 3;
   const int role = Cfg::kInlineProducer ? 1 + (tid >> 7) : tid >> 7;
   if (tid == 0) {
-    InitStageBarriers(sm);
+    InitStageBarriers(sm, Cfg::kConsumers * 4);  // one arrival per consumer warp
     wgmma::FenceMbarInit();
   }
   ptx::EnterPipelineKernel();
@@ -549,7 +426,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 3, role = tid >> 7;
   if (tid == 0) {
-    InitStageBarriers(sm);
+    InitStageBarriers(sm, Cfg::kConsumers * 4);  // one arrival per consumer warp
     wgmma::MbarInit(bar_staged, Cfg::kConsumers * 128);
     wgmma::MbarInit(bar_free, Layout::kEpilogueWarps * 32);
     wgmma::FenceMbarInit();
@@ -671,9 +548,7 @@ cudaError_t LaunchWgmmaConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, 
   if (const cudaError_t e = GridOf(grid_ctas * Cfg::kSplit, &grid, &launch); e != cudaSuccess || !launch) return e;
   // The maps span b's capacity (at least one row, for an empty call the grid exits at once).
   CUtensorMap wide, narrow;
-  const int64_t rows = p.b_rows > 0 ? p.b_rows : 1;
-  cudaError_t e = MakeBf16RowMap(&wide, p.b, p.a_shape.cols, rows, p.b_stride, Cfg::kBlockN);
-  if (e == cudaSuccess) e = MakeBf16RowMap(&narrow, p.b, p.a_shape.cols, rows, p.b_stride, 8);
+  cudaError_t e = MakeTokenMaps(p, Cfg::kBlockN, &wide, &narrow);
   if (e != cudaSuccess) return e;
   // FC1 runs the persistent kernel when it is on (SetPersistentFc1, MXMOE_FC1_PERSISTENT).
   if constexpr (HasPersistentFc1<Cfg>) {

@@ -1,10 +1,13 @@
-// Tensor maps (TMA descriptors) for the wgmma kernels' token operand, made on the host per launch.
+// Tensor maps (TMA descriptors) for the token operand of the kernels fed by TMA (the wgmma ones and
+// MoeGemmTmaKernel), made on the host per launch.
 #pragma once
 
 #include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "cuda/moe_kernels.h"
 
 namespace mxmoe::cuda::sm90 {
 
@@ -13,5 +16,10 @@ namespace mxmoe::cuda::sm90 {
 // swizzle wgmma's K-major operand uses; columns and rows outside the tensor read as zeros.
 cudaError_t MakeBf16RowMap(CUtensorMap* map, const uint16_t* base, int64_t cols, int64_t rows,
                            int64_t row_stride, int box_rows);
+
+// The two maps of a GEMM's token operand p.b (p.b_rows rows in sorted order; at least one, so that a
+// call without pairs, whose grid exits at once, still gets maps): boxes of block_n rows (wide) and
+// of 8 (narrow).
+cudaError_t MakeTokenMaps(const GemmParams& p, int block_n, CUtensorMap* wide, CUtensorMap* narrow);
 
 }  // namespace mxmoe::cuda::sm90
