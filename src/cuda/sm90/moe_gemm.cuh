@@ -10,9 +10,9 @@
 //      times a bf16 power of two built from the scale byte).
 //   B: bf16 rows (the exact dequantized MXFP8 activations), gathered by cp.async into a swizzled
 //      shared tile and read with ldmatrix.
+//   Products are exact in the bf16 MMA; accumulation is fp32.
 // MoeGemmTmaKernel (n32t, n8t) runs the same warps with A, its scales and B (rows in sorted order)
 // brought by bulk copies and TMA onto mbarriers instead, as the wgmma kernels are fed.
-//   Products are exact in the bf16 MMA; accumulation is fp32.
 // For FC1 a warp's 64 rows are 32 gate rows and the 32 up rows of the same intermediate indices
 // (row groups interleave gate and up by 8); the epilogue re-arranges the tile through the stages'
 // shared memory (epilogue.cuh, StageFc1), so that one warp quantizes one MX block of one token.
@@ -466,12 +466,14 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
 // tokens with kAdaptiveWidth) over the wgmma kernels' ring of stages (stage_ring.cuh): per 64-wide
 // step, one bulk copy of the block's weights, one of their scales and the tile's token rows through
 // the tensor maps (rows in sorted order: FC1's tokens are gathered first), completing on the stage's
-// "full" mbarrier. They are issued kStages - 2 steps ahead (ConsumeTile's scheme), by lane 0 of each
-// warp in turn (step i's refill by warp i % 4, so that no warp carries all the copies); each warp
-// hands a stage back on its "empty" mbarrier once it has read it. So no CTA barrier per step and no
+// "full" mbarrier. At step i lane 0 of warp i % 4 (in turn, so that no warp carries all the copies)
+// refills the stage of step i - kRefillLag once every warp has handed it back on its "empty"
+// mbarrier: kStages - kRefillLag steps ahead. With a lag of 2 (ConsumeTile's scheme) the other
+// warps are most of a step past it by then and the issuer seldom waits; with 1, one stage more is
+// in flight and the issuer waits for the slowest warp to finish the step before. So no CTA barrier per step and no
 // per-thread copies: in n32 those (cp.async of the step's pieces, the wait, the barrier, the loop)
 // are ~90 of the ~400 instructions a warp issues per 24-wide step (perf-log v17).
-template <int kBlockN_, int kStages_, bool kAdaptiveWidth_ = false>
+template <int kBlockN_, int kStages_, bool kAdaptiveWidth_ = false, int kRefillLag_ = 2>
 struct TmaGemmConfig {
   static constexpr int kSplitK = 1;
   static constexpr int kClusterK = 1;
@@ -485,6 +487,7 @@ struct TmaGemmConfig {
   static constexpr int kNTiles = kBlockN / 8;
   static constexpr bool kAdaptiveWidth = kAdaptiveWidth_;
   static constexpr int kStages = kStages_;
+  static constexpr int kRefillLag = kRefillLag_;
   // StageMap's and TileCopies' names (stage_ring.cuh): one step per stage, token rows first.
   static constexpr int kStepsPerStage = 1;
   static constexpr int kSubB = kBlockN * 128;
@@ -497,7 +500,8 @@ struct TmaGemmConfig {
   static_assert(kBlockGroups == kBlockRowGroups, "the prepacked layout groups 256 rows per CTA");
   static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= kNarrowLoadWidth,
                 "token rows in 8-row boxes, as many as the tile's width");
-  static_assert(kStages >= 3 && kStages <= 8, "the copies run kStages - 2 steps ahead");
+  static_assert(kRefillLag == 1 || kRefillLag == 2, "refill the stage of the step before or the one before that");
+  static_assert(kStages - kRefillLag >= 2 && kStages <= 8, "the copies run at least 2 steps ahead");
   static_assert(kSmemBytes <= 227 * 1024, "SM90 shared memory per block");
   static_assert(kFc1StagedBytes<kBlockN> <= kStages * kSmemStage, "FC1's epilogue reuses the stages");
 };
@@ -544,10 +548,11 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     for (int i = 0; i < min(Cfg::kStages - 1, k_tiles); ++i) copies.Issue(i, i);
   for (int i = 0; i < k_tiles; ++i) {
     const int s = i % Cfg::kStages;
-    // Into the stage step i - 2 freed. (Every wait is on an earlier step than the waiter's own,
-    // whose copies were issued at an earlier step still: no warp can wait on itself.)
-    const int refill = i + Cfg::kStages - 2;
-    if (lane == 0 && warp == i % Cfg::kWarps && i >= 1 && refill < k_tiles) {
+    // Into the stage step i - kRefillLag freed (steps kStages - 1 .. from i = kRefillLag - 1). (Every
+    // wait is on an earlier step than the waiter's own, whose copies were issued at an earlier step
+    // still: the lowest warp can always go on.)
+    const int refill = i + Cfg::kStages - Cfg::kRefillLag;
+    if (lane == 0 && warp == i % Cfg::kWarps && i >= Cfg::kRefillLag - 1 && refill < k_tiles) {
       sm.WaitFree(refill);
       copies.Issue(refill, refill % Cfg::kStages);
     }
@@ -665,8 +670,9 @@ using ConfigN8Cluster2 = GemmConfig<8, 3, 1, false, 1, 2>;
 using ConfigN8Cluster4 = GemmConfig<8, 3, 1, false, 1, 4>;
 // n32 and n8 fed by the copy engine (MoeGemmTmaKernel; forced only, not yet measured: perf-log v20).
 // n32t: 5 stages of 13 KB, so that 3 CTAs still share an SM and 3 steps are in flight as in n32.
-// n8t: 4 stages of 10 KB (2 steps in flight, 5 CTAs per SM by shared memory, against n8's 7).
+// n8t: 4 stages of 10 KB refilled with a lag of one step (3 in flight; 5 CTAs per SM by shared
+// memory, against n8's 7 with 2 in flight).
 using ConfigN32Tma = TmaGemmConfig<32, 5, true>;
-using ConfigN8Tma = TmaGemmConfig<8, 4>;
+using ConfigN8Tma = TmaGemmConfig<8, 4, false, 1>;
 
 }  // namespace mxmoe::cuda::sm90
