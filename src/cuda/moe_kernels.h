@@ -243,7 +243,8 @@ struct GemmConfigInfo {
   // The CTAs per SM the config is built for (its launch bounds, register split and shared memory;
   // the wgmma configs), 0 where that is left to the occupancy the kernel gets (the mma.sync ones).
   int ctas_per_sm;
-  // The config reads GemmParams::l2_ahead (the narrow mma.sync configs; n64 would spill with it).
+  // The config reads GemmParams::l2_ahead (the narrow mma.sync configs, cp.async or TMA fed; n64
+  // would spill with it).
   bool looks_ahead;
   // The CTAs of the FC1 (fc1) or FC2 kernel that fit an SM of the current device, from the CUDA
   // occupancy API; call after PrepareGemmKernels. Negative: the API's error.

@@ -544,8 +544,14 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const bool warp_active = warp * Cfg::kMFrags < groups;
   const int n_tiles = (tc.n_valid + 7) / 8;  // MMA tiles with a real column (kAdaptiveWidth)
 
-  if (tid == 0)
+  // The L2 look-ahead (GemmParams::l2_ahead): with each step it copies, the issuer asks the L2 for
+  // the step that many later; thread 0 asks for those up to the first refill's before the loop.
+  const int l2_ahead = p.l2_ahead;
+  if (tid == 0) {
     for (int i = 0; i < min(Cfg::kStages - 1, k_tiles); ++i) copies.Issue(i, i);
+    for (int kt = Cfg::kStages - 1; l2_ahead > 0 && kt < min(Cfg::kStages - 1 + l2_ahead, k_tiles); ++kt)
+      copies.PrefetchL2(kt);
+  }
   for (int i = 0; i < k_tiles; ++i) {
     const int s = i % Cfg::kStages;
     // Into the stage step i - kRefillLag freed (steps kStages - 1 .. from i = kRefillLag - 1). (Every
@@ -555,6 +561,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     if (lane == 0 && warp == i % Cfg::kWarps && i >= Cfg::kRefillLag - 1 && refill < k_tiles) {
       sm.WaitFree(refill);
       copies.Issue(refill, refill % Cfg::kStages);
+      if (l2_ahead > 0 && refill + l2_ahead < k_tiles) copies.PrefetchL2(refill + l2_ahead);
     }
     sm.WaitLoaded(i);
     __syncwarp();  // (lane 0 may come from the copies' branch: converged for ldmatrix and mma)
@@ -644,7 +651,7 @@ int TmaResidentCtasOf(bool fc1) {
 
 template <class Cfg>
 GemmConfigInfo TmaInfoOf(const char* name) {
-  return {name, Cfg::kBlockM, Cfg::kBlockN, Cfg::kThreads, Cfg::kStages, Cfg::kSmemBytes, true, 0, false,
+  return {name, Cfg::kBlockM, Cfg::kBlockN, Cfg::kThreads, Cfg::kStages, Cfg::kSmemBytes, true, 0, true,
           &TmaResidentCtasOf<Cfg>};
 }
 

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "cuda/moe_kernels.h"
+#include "cuda/ptx.cuh"
 #include "cuda/sm90/phase_timing.cuh"
 #include "cuda/sm90/tile_loader.cuh"
 #include "cuda/sm90/wgmma.cuh"
@@ -106,6 +107,12 @@ struct TileCopies {
     width = tile_width;
     seg_begin = tc.seg_begin;
     k_tiles = steps;
+  }
+
+  // Asks the L2 for the weights and scales of step kt (the L2 look-ahead, GemmParams::l2_ahead).
+  __device__ __forceinline__ void PrefetchL2(int kt) const {
+    ptx::PrefetchBulkL2(gmem_a + kt * a_stride, a_bytes);
+    ptx::PrefetchBulkL2(gmem_s + kt * s_stride, s_bytes);
   }
 
   // Slot i's copies into stage s (= (slot0 + i) % kStages; the caller has waited until it is free).
