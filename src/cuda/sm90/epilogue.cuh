@@ -36,6 +36,17 @@ struct TileCoords {
   int64_t group0;  // first row group of the CTA's block
 };
 
+// All of a thread's accumulators to zero (before a tile's main loop).
+template <int kMFrags, int kNTiles>
+__device__ __forceinline__ void ZeroAccumulators(float (&acc)[kMFrags][kNTiles][4]) {
+#pragma unroll
+  for (int f = 0; f < kMFrags; ++f)
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[f][nt][i] = 0.0f;
+}
+
 // kMFrags * kWGs row groups per warp index: 4 for CTAs of a whole block (256 rows), 2 for the
 // half-block CTAs of wg128h (128 rows, one fragment per warp).
 template <int kMFrags, int kWGs>

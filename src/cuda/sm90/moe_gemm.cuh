@@ -260,6 +260,25 @@ __device__ __forceinline__ void FinishMux(const float (&sum)[Cfg::kMFrags][2], i
     }
 }
 
+// The tile's epilogue, after every warp's main loop: FC1 stages the accumulators in the planes at
+// `smem` (the stages, free once every warp of the CTA is past them; the barriers are CTA-wide) and
+// re-quantizes them with all warps; FC2 writes its rows straight from the accumulators. Warps whose
+// rows are padding (or, with kSplitK / kClusterK, that hold no sums) pass holds_sums false.
+template <class Cfg, bool kFc1>
+__device__ __forceinline__ void MmaTileEpilogue(const GemmParams& p, const TileCoords& tc, int groups,
+                                                const float (&acc)[Cfg::kMFrags][Cfg::kNTiles][4], bool holds_sums,
+                                                int row_warp, int warp, int lane, uint8_t* smem) {
+  if constexpr (kFc1) {
+    float* staged = reinterpret_cast<float*>(smem);
+    __syncthreads();
+    if (holds_sums) StageFc1<Cfg::kMFrags, Cfg::kNTiles, 1, Cfg::kBlockN>(acc, row_warp, 0, lane, staged);
+    __syncthreads();
+    Fc1Epilogue<Cfg::kBlockN>(p, tc, groups, staged, warp, Cfg::kWarps, lane);
+  } else {
+    if (holds_sums) Fc2Epilogue<Cfg::kMFrags, Cfg::kNTiles, 1>(p, acc, tc, row_warp, 0, lane);
+  }
+}
+
 // ---- kernel -----------------------------------------------------------------------------------
 // kL2Ahead: the instance that reads p.l2_ahead (launched when it is positive, for configs with
 // kLooksAhead). The other has none of its code: the look-ahead's checks and addresses cost n8's
@@ -318,6 +337,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
     }
   };
 
+  // (The loop spelled out: ZeroAccumulators here moved instructions of n8c2's and n32's FC1 kernels,
+  // whose SASS this keeps as measured.)
   float acc[Cfg::kMFrags][Cfg::kNTiles][4];
 #pragma unroll
   for (int f = 0; f < Cfg::kMFrags; ++f)
@@ -445,16 +466,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
     ptx::ClusterSync();
     if (k_part > 0) return;
   }
-  if constexpr (kFc1) {
-    // The stages become the staging planes once every warp is done reading them.
-    float* staged = reinterpret_cast<float*>(smem);
-    __syncthreads();
-    if (holds_sums) StageFc1<Cfg::kMFrags, Cfg::kNTiles, 1, Cfg::kBlockN>(acc, row_warp, 0, lane, staged);
-    __syncthreads();
-    Fc1Epilogue<Cfg::kBlockN>(p, tc, groups, staged, warp, Cfg::kWarps, lane);
-  } else {
-    if (holds_sums) Fc2Epilogue<Cfg::kMFrags, Cfg::kNTiles, 1>(p, acc, tc, row_warp, 0, lane);
-  }
+  // (The stages become the staging planes once every warp is done reading them.)
+  MmaTileEpilogue<Cfg, kFc1>(p, tc, groups, acc, holds_sums, row_warp, warp, lane, smem);
   RecordConsumerPhases<kFc1>(clock, tid == 0);
 #else
   __trap();  // built for SM90 only; cuda_moe.cu refuses other devices before launching
@@ -532,12 +545,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   sm.clock.Start();
 
   float acc[Cfg::kMFrags][Cfg::kNTiles][4];
-#pragma unroll
-  for (int f = 0; f < Cfg::kMFrags; ++f)
-#pragma unroll
-    for (int nt = 0; nt < Cfg::kNTiles; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[f][nt][i] = 0.0f;
+  ZeroAccumulators(acc);
   // Rows are padded to 64 per warp, so a warp's 4 row tiles are all real or all padding. Padding
   // warps still wait for each stage and hand it back: the "empty" barriers count every warp, and an
   // arrival may not run ahead of the stage's round.
@@ -573,17 +581,9 @@ __global__ void __launch_bounds__(Cfg::kThreads)
     if (lane == 0) wgmma::MbarArrive(sm.Empty(s));
   }
   sm.clock.MainEnd();
-  if constexpr (kFc1) {
-    // The stages become the staging planes once every warp is past its last one (every copy has
-    // landed: each was waited for).
-    float* staged = reinterpret_cast<float*>(smem);
-    __syncthreads();
-    if (warp_active) StageFc1<Cfg::kMFrags, Cfg::kNTiles, 1, Cfg::kBlockN>(acc, warp, 0, lane, staged);
-    __syncthreads();
-    Fc1Epilogue<Cfg::kBlockN>(p, tc, groups, staged, warp, Cfg::kWarps, lane);
-  } else {
-    if (warp_active) Fc2Epilogue<Cfg::kMFrags, Cfg::kNTiles, 1>(p, acc, tc, warp, 0, lane);
-  }
+  // (The stages become the staging planes once every warp is past its last one: every copy has
+  // landed, each was waited for.)
+  MmaTileEpilogue<Cfg, kFc1>(p, tc, groups, acc, warp_active, warp, warp, lane, smem);
   RecordConsumerPhases<kFc1>(sm.clock, tid == 0);
 #else
   __trap();  // built for sm_90a only; cuda_moe.cu refuses other devices before launching

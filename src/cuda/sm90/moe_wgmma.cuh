@@ -197,12 +197,7 @@ __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const Consu
                                             const TileCopies<Cfg>* copies, const Tail& tail) {
   constexpr int kMFrags = Cfg::kMFrags, kNTiles = kN / 8;
   float acc[kMFrags][kNTiles][4];
-#pragma unroll
-  for (int f = 0; f < kMFrags; ++f)
-#pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[f][nt][i] = 0.0f;
+  ZeroAccumulators(acc);
   uint32_t areg[Cfg::kASets][kMFrags][4];
 
   const int g = c.lane >> 2;
