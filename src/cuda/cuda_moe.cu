@@ -225,8 +225,8 @@ class Sm90Path final : public KernelPath {
     std::string name = info.name;
     if (launch.gemm_fc2 != launch.gemm) name += std::string("/") + info2.name;
     // The L2 look-ahead, where a config that reads it runs.
-    if (cuda::L2Ahead() > 0 && (info.looks_ahead || info2.looks_ahead))
-      name += " l2+" + std::to_string(cuda::L2Ahead());
+    const int l2_ahead = cuda::L2Ahead();
+    if (l2_ahead > 0 && (info.looks_ahead || info2.looks_ahead)) name += " l2+" + std::to_string(l2_ahead);
     return {static_cast<int>(launch.gemm), static_cast<int>(launch.gemm_fc2), info.block_n, name};
   }
   void SetQuantOutput(const GemmCall& call, cuda::PrepareParams* pp) const override {
@@ -907,8 +907,8 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
       MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchRouteSmall(rp, stream), "routing kernel (small calls)"));
     } else {
       MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchPrepare(pp, stream), "input quantization / routing keys kernel"));
-      MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::SortPairs(at(l.route.sort_temp), sort_temp_bytes_, keys_in, keys_out, vals_in,
-                                                      vals_out, pairs, key_bits_, stream),
+      MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::SortPairs(at(l.route.sort_temp), sort_temp_bytes_, keys_in, keys_out,
+                                                      vals_in, vals_out, pairs, key_bits_, stream),
                                       "routing sort"));
       MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchOffsetsAndTiles(keys_out, pairs, static_cast<int32_t>(n_local),
                                                                   gemm.tile_tokens, offsets, tile_offsets, tiles,
@@ -989,8 +989,8 @@ Status CudaMoeImpl::RunPairChunks(const MoeInput& in, const MoeOutput& out, uint
     const int64_t tc = std::min(l.tokens, t_count - t0), pairs = tc * top_k;
     MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchPrepare(PrepareOf(in, call, t0, tc, keys_in, vals_in), stream),
                                     "input quantization / routing keys kernel"));
-    MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::SortPairs(at(l.route.sort_temp), pair_sort_temp_bytes_, keys_in, keys_out, vals_in,
-                                                    vals_out, pairs, key_bits_, stream),
+    MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::SortPairs(at(l.route.sort_temp), pair_sort_temp_bytes_, keys_in,
+                                                    keys_out, vals_in, vals_out, pairs, key_bits_, stream),
                                     "routing sort"));
     MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchPairPositions(vals_out, in.topk_weights + t0 * top_k, pairs,
                                                               pos_of_pair, sorted_weights,

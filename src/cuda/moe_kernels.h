@@ -200,8 +200,8 @@ struct GemmParams {
   float* y = nullptr;
   int64_t y_stride = 0;
   const float* topk_weights = nullptr;  // chunk rows [T, k]
-  // The mma.sync kernels' L2 look-ahead: thread 0 asks the L2 for the weights and scales of the
-  // step this many steps past each one it copies (0: none; see SetL2Ahead). Read by the configs
+  // The mma.sync kernels' L2 look-ahead: the thread that copies a step asks the L2 for the weights
+  // and scales of the step this many steps later (0: none; see SetL2Ahead). Read by the configs
   // whose GemmConfigInfo::looks_ahead is set.
   int32_t l2_ahead = 0;
 };

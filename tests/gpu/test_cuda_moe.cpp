@@ -617,8 +617,8 @@ TEST(CudaMoeChunks, TokenAndPairChunksMatchReference) {
   const ActivationSpec act = SpecFor(ActivationType::Situ, s.num_experts);
   // The heuristics' config, an mma.sync one that gathers its tokens itself, and a wgmma one and an
   // mma.sync one fed by TMA that read them gathered in sorted order (LaunchGatherRows on each range).
-  const int configs[] = {-1, static_cast<int>(cuda::GemmConfigId::kN32), static_cast<int>(cuda::GemmConfigId::kWg128d3x3),
-                         static_cast<int>(cuda::GemmConfigId::kN32t)};
+  const int configs[] = {-1, static_cast<int>(cuda::GemmConfigId::kN32),
+                         static_cast<int>(cuda::GemmConfigId::kWg128d3x3), static_cast<int>(cuda::GemmConfigId::kN32t)};
   // One layer and one set of calls, their CPU references computed once.
   const ExpertSet set = SyntheticSet(s, act, 700);
   struct Call {

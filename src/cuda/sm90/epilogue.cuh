@@ -255,7 +255,7 @@ __device__ __forceinline__ void Fc2Epilogue(const GemmParams& p, const float (&a
   const int g = lane >> 2, c = lane & 3;
   const float fc2_scale = p.experts[tc.expert].fc2_scale;
   // Each column's pair and weight are read once, just before its stores: read for all kNTiles
-  // columns first and held, they made wg128h's consumers (96 registers) spill.
+  // columns first and held, they made wg128h's consumers spill when it had 96 registers (v19).
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll

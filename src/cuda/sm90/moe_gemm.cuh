@@ -481,11 +481,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
 // the tensor maps (rows in sorted order: FC1's tokens are gathered first), completing on the stage's
 // "full" mbarrier. At step i lane 0 of warp i % 4 (in turn, so that no warp carries all the copies)
 // refills the stage of step i - kRefillLag once every warp has handed it back on its "empty"
-// mbarrier: kStages - kRefillLag steps ahead. With a lag of 2 (ConsumeTile's scheme) the other
-// warps are most of a step past it by then and the issuer seldom waits; with 1, one stage more is
-// in flight and the issuer waits for the slowest warp to finish the step before. So no CTA barrier per step and no
-// per-thread copies: in n32 those (cp.async of the step's pieces, the wait, the barrier, the loop)
-// are ~90 of the ~400 instructions a warp issues per 24-wide step (perf-log v17).
+// mbarrier (TileCopies::Refill): kStages - kRefillLag steps ahead. So no CTA barrier per step and
+// no per-thread copies: in n32 those (cp.async of the step's pieces, the wait, the barrier, the
+// loop) are ~90 of the ~400 instructions a warp issues per 24-wide step (perf-log v17).
 template <int kBlockN_, int kStages_, bool kAdaptiveWidth_ = false, int kRefillLag_ = 2>
 struct TmaGemmConfig {
   static constexpr int kSplitK = 1;
@@ -513,18 +511,16 @@ struct TmaGemmConfig {
   static_assert(kBlockGroups == kBlockRowGroups, "the prepacked layout groups 256 rows per CTA");
   static_assert(kBlockN % 8 == 0 && kBlockN >= 8 && kBlockN <= kNarrowLoadWidth,
                 "token rows in 8-row boxes, as many as the tile's width");
-  static_assert(kRefillLag == 1 || kRefillLag == 2, "refill the stage of the step before or the one before that");
   static_assert(kStages - kRefillLag >= 2 && kStages <= 8, "the copies run at least 2 steps ahead");
   static_assert(kSmemBytes <= 227 * 1024, "SM90 shared memory per block");
   static_assert(kFc1StagedBytes<kBlockN> <= kStages * kSmemStage, "FC1's epilogue reuses the stages");
 };
 
-// p.b (rows in sorted order) through two tensor maps, boxes of 64 columns x BLOCK_N rows (wide,
-// unused at these widths) and x 8 rows (narrow).
+// p.b (rows in sorted order) through a tensor map of 64 columns x 8 rows boxes (BLOCK_N <= 32 keeps
+// every tile narrow: TileCopies never reads its wide map).
 template <class Cfg, bool kFc1>
 __global__ void __launch_bounds__(Cfg::kThreads)
-    MoeGemmTmaKernel(const __grid_constant__ GemmParams p, const __grid_constant__ CUtensorMap map_wide,
-                     const __grid_constant__ CUtensorMap map_narrow) {
+    MoeGemmTmaKernel(const __grid_constant__ GemmParams p, const __grid_constant__ CUtensorMap map_rows) {
 #if MXMOE_WGMMA_AVAILABLE
   extern __shared__ uint8_t smem_raw[];
   const StageMap<Cfg> sm{(ptx::SmemAddr(smem_raw) + 1023u) & ~1023u};
@@ -540,7 +536,7 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   if (!ReadTile<Cfg::kBlockN, kFc1>(p, blockIdx.x, tid, Cfg::kThreads, nullptr, &tc)) return;  // (a barrier)
   const int k_tiles = static_cast<int>(p.a_shape.col_tiles);
   const int groups = GroupsOf(p, tc);
-  const TileCopies<Cfg> copies(p, tc, sm, &map_wide, &map_narrow, groups, TileWidth<Cfg::kBlockN>(tc.n_valid),
+  const TileCopies<Cfg> copies(p, tc, sm, &map_rows, &map_rows, groups, TileWidth<Cfg::kBlockN>(tc.n_valid),
                                k_tiles);
   sm.clock.Start();
 
@@ -552,25 +548,12 @@ __global__ void __launch_bounds__(Cfg::kThreads)
   const bool warp_active = warp * Cfg::kMFrags < groups;
   const int n_tiles = (tc.n_valid + 7) / 8;  // MMA tiles with a real column (kAdaptiveWidth)
 
-  // The L2 look-ahead (GemmParams::l2_ahead): with each step it copies, the issuer asks the L2 for
-  // the step that many later; thread 0 asks for those up to the first refill's before the loop.
-  const int l2_ahead = p.l2_ahead;
-  if (tid == 0) {
-    for (int i = 0; i < min(Cfg::kStages - 1, k_tiles); ++i) copies.Issue(i, i);
-    for (int kt = Cfg::kStages - 1; l2_ahead > 0 && kt < min(Cfg::kStages - 1 + l2_ahead, k_tiles); ++kt)
-      copies.PrefetchL2(kt);
-  }
+  // The copies and the L2 look-ahead (TileCopies::IssueFirst / Refill): step i's refill by lane 0
+  // of warp i % 4.
+  if (tid == 0) copies.IssueFirst(k_tiles, p.l2_ahead);
   for (int i = 0; i < k_tiles; ++i) {
     const int s = i % Cfg::kStages;
-    // Into the stage step i - kRefillLag freed (steps kStages - 1 .. from i = kRefillLag - 1). (Every
-    // wait is on an earlier step than the waiter's own, whose copies were issued at an earlier step
-    // still: the lowest warp can always go on.)
-    const int refill = i + Cfg::kStages - Cfg::kRefillLag;
-    if (lane == 0 && warp == i % Cfg::kWarps && i >= Cfg::kRefillLag - 1 && refill < k_tiles) {
-      sm.WaitFree(refill);
-      copies.Issue(refill, refill % Cfg::kStages);
-      if (l2_ahead > 0 && refill + l2_ahead < k_tiles) copies.PrefetchL2(refill + l2_ahead);
-    }
+    if (lane == 0 && warp == i % Cfg::kWarps) copies.template Refill<Cfg::kRefillLag>(i, k_tiles, p.l2_ahead);
     sm.WaitLoaded(i);
     __syncwarp();  // (lane 0 may come from the copies' branch: converged for ldmatrix and mma)
     if (warp_active) {
@@ -637,10 +620,10 @@ cudaError_t LaunchTmaGemmConfig(bool fc1, const GemmParams& p, int64_t grid_ctas
   dim3 grid;
   bool launch = false;
   if (const cudaError_t e = GridOf(grid_ctas, &grid, &launch); e != cudaSuccess || !launch) return e;
-  CUtensorMap wide, narrow;
-  if (const cudaError_t e = MakeTokenMaps(p, Cfg::kBlockN, &wide, &narrow); e != cudaSuccess) return e;
+  CUtensorMap rows;
+  if (const cudaError_t e = MakeTokenMap(p, 8, &rows); e != cudaSuccess) return e;
   return LaunchKernel(fc1 ? MoeGemmTmaKernel<Cfg, true> : MoeGemmTmaKernel<Cfg, false>, grid, dim3(Cfg::kThreads),
-                      Cfg::kSmemBytes, stream, p, wide, narrow);
+                      Cfg::kSmemBytes, stream, p, rows);
 }
 
 template <class Cfg>

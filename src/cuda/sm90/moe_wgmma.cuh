@@ -18,7 +18,8 @@
 //     for FC1 the tokens are gathered into it first (LaunchGatherRows). All complete on the
 //     stage's "full" mbarrier.
 //   2 consumers (warpgroups 1, 2): each owns 128 of the 256 rows (kMFrags = 2 m64 MMAs per k16
-//     step; wg128h: 64 of 128, one MMA). Per k16 step a consumer dequantizes its A fragments from shared memory into
+//     step; wg128h: 64 of 128, one MMA). Per k16 step a consumer dequantizes its A fragments from
+//     shared memory into
 //     registers (the "RS" form of wgmma: mma.m16n8k16's A fragment), fences, issues its MMAs
 //     as one group and waits until at most kInFlight groups are in flight. At the end of a stage's
 //     first step the stage before has no MMA left: it goes back to the producer through the
@@ -186,12 +187,10 @@ __device__ __forceinline__ ConsumerArgs ConsumerArgsOf(int k_tiles, int warp, in
 // A consumer warpgroup's main loop over a tile at MMA width kN, then tail(acc) with the finished
 // accumulators. Every stage it read is handed back to the producer, the last one too (a persistent
 // CTA's next tile reuses it).
-// Configs without producer threads (kInlineProducer) pass the tile's copies (one tile per CTA, from
-// slot 0: its first stages are free): thread 0 (consumer 0, warp 0, lane 0) issues the first
-// kStages - 1 slots before the loop and, at the start of slot
-// i >= 1, slot i + kStages - 2 into the stage that slot i - 1 freed at the end of its first step.
-// By then the other warps' arrivals are most of a slot old, so thread 0 seldom waits for them; a
-// producer would have refilled that stage a slot earlier (one slot more in flight).
+// Configs without producer threads (kInlineProducer) pass the tile's copies, which thread 0
+// (consumer 0, warp 0, lane 0) issues with TileCopies::IssueFirst and Refill<2>: the stage of slot
+// i - 2 is refilled at the start of slot i, a slot after its MMAs were done (a producer would have
+// refilled it then: one slot more in flight).
 template <class Cfg, int kN, class Tail>
 __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const ConsumerArgs& c,
                                             const TileCopies<Cfg>* copies, const Tail& tail) {
@@ -205,19 +204,14 @@ __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const Consu
   const uint32_t a_step = c.groups * kTileBytes, s_step = c.groups * kTileScaleBytes;
   const bool issues_copies = Cfg::kInlineProducer && c.wg == 0 && c.warp == 0 && c.lane == 0;
   if constexpr (Cfg::kInlineProducer) {
-    if (issues_copies)
-      for (int i = 0; i < min(Cfg::kStages - 1, slots); ++i) copies->Issue(i, (c.slot0 + i) % Cfg::kStages);
+    if (issues_copies) copies->IssueFirst(slots, 0);
   }
   for (int i = 0; i < slots; ++i) {
     const int slot = c.slot0 + i;
     const int s = slot % Cfg::kStages;
     const int steps = min(Cfg::kStepsPerStage, c.k_tiles - i * Cfg::kStepsPerStage);
     if constexpr (Cfg::kInlineProducer) {
-      const int refill = i + Cfg::kStages - 2;
-      if (issues_copies && i >= 1 && refill < slots) {
-        sm.WaitFree(c.slot0 + refill);
-        copies->Issue(refill, (c.slot0 + refill) % Cfg::kStages);
-      }
+      if (issues_copies) copies->template Refill<2>(i, slots, 0);
     }
     sm.WaitLoaded(slot);
 #pragma unroll 1
@@ -305,7 +299,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   ptx::EnterPipelineKernel();
   TileCoords tc;
   // B rows are the tile's sorted positions for both GEMMs: no per-column row table.
-  if (!ReadTile<Cfg::kBlockN, kFc1, Cfg::kSplit>(p, blockIdx.x, tid, Cfg::kThreads, nullptr, &tc)) return;  // (a barrier)
+  // (ReadTile ends with a barrier.)
+  if (!ReadTile<Cfg::kBlockN, kFc1, Cfg::kSplit>(p, blockIdx.x, tid, Cfg::kThreads, nullptr, &tc)) return;
   const int k_tiles = static_cast<int>(p.a_shape.col_tiles);
   const int groups = GroupsOf<Cfg::kSplit>(p, tc);
   if (groups == 0) return;  // the second half of a last block that has none (uniform over the CTA)
@@ -335,7 +330,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
       // The stages become the staging planes once both consumers' MMAs are done with them (every
       // load has landed: the consumers waited for all of them).
       ptx::NamedBarrierSync(kEpilogueBarrier, Cfg::kConsumers * 128);
-      if (c.active) StageFc1<Cfg::kMFrags, kNTiles, Cfg::kConsumers, Cfg::kBlockN, Cfg::kIdx>(acc, warp, wg, lane, staged);
+      if (c.active)
+        StageFc1<Cfg::kMFrags, kNTiles, Cfg::kConsumers, Cfg::kBlockN, Cfg::kIdx>(acc, warp, wg, lane, staged);
     } else {
       if (c.active) Fc2Epilogue<Cfg::kMFrags, kNTiles, Cfg::kConsumers>(p, acc, tc, warp, wg, lane);
     }
@@ -543,7 +539,8 @@ cudaError_t LaunchWgmmaConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, 
   if (const cudaError_t e = GridOf(grid_ctas * Cfg::kSplit, &grid, &launch); e != cudaSuccess || !launch) return e;
   // The maps span b's capacity (at least one row, for an empty call the grid exits at once).
   CUtensorMap wide, narrow;
-  cudaError_t e = MakeTokenMaps(p, Cfg::kBlockN, &wide, &narrow);
+  cudaError_t e = MakeTokenMap(p, Cfg::kBlockN, &wide);
+  if (e == cudaSuccess) e = MakeTokenMap(p, 8, &narrow);
   if (e != cudaSuccess) return e;
   // FC1 runs the persistent kernel when it is on (SetPersistentFc1, MXMOE_FC1_PERSISTENT).
   if constexpr (HasPersistentFc1<Cfg>) {
@@ -608,19 +605,15 @@ using ConfigWg128Deep3x3 = WgmmaConfig<128, 3, 3, 1, 3>;
 // FC2's 15%; perf-log v18) or fills its pipeline, the other's MMAs keep the tensor cores busy. Each
 // CTA loads the tile's token rows itself (twice the B traffic of a whole-block CTA) and its weights
 // one step per copy (a half block's steps are not contiguous). perf-log v19, v20.
-// Its ring and MMA groups in flight are build options for the first device A/Bs (two CTAs need
-// 2 * (stages * steps * 21 KB + 2 KB) <= 228 KB, FC1's epilogue planes 70 KB of them and thread 0's
-// copies at least 3 stages: 5 x 1 or 4 x 1).
+// Its stages and MMA groups in flight are build options for the first device A/Bs. Stages of one
+// step: two CTAs need 2 * (stages * 21 KB + 2 KB) <= 228 KB, FC1's epilogue planes 70 KB of them
+// and thread 0's copies at least 3 stages, which leaves 4 or 5 (two steps per stage fit none).
 #ifndef MXMOE_WG128H_STAGES
 #define MXMOE_WG128H_STAGES 5
-#endif
-#ifndef MXMOE_WG128H_STEPS
-#define MXMOE_WG128H_STEPS 1
 #endif
 #ifndef MXMOE_WG128H_IN_FLIGHT
 #define MXMOE_WG128H_IN_FLIGHT 3
 #endif
-using ConfigWg128Half =
-    WgmmaConfig<128, MXMOE_WG128H_STAGES, MXMOE_WG128H_IN_FLIGHT, 2, MXMOE_WG128H_STEPS, kBlockRowGroups / 2>;
+using ConfigWg128Half = WgmmaConfig<128, MXMOE_WG128H_STAGES, MXMOE_WG128H_IN_FLIGHT, 2, 1, kBlockRowGroups / 2>;
 
 }  // namespace mxmoe::cuda::sm90

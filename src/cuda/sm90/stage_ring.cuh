@@ -139,6 +139,35 @@ struct TileCopies {
       }
     }
   }
+
+  // The copies of a kernel without producer threads, issued from the consumers' own loop by one
+  // thread at a time; the CTA's one tile starts at slot 0, so its stages start free. IssueFirst runs
+  // before the loop: the first kStages - 1 slots. Refill<kLag> runs at the start of slot i: slot
+  // i + kStages - kLag, into the stage slot i - kLag freed, once every warp has handed it back. With
+  // kLag = 2 the other warps are most of a slot past that by then, so the issuer seldom waits;
+  // kLag = 1 keeps one slot more in flight and waits for the slowest warp to finish the slot
+  // before. (Every wait is on an earlier slot than the waiter's own, whose copies were issued at an
+  // earlier slot still: the lowest warp can always go on.) With l2_ahead > 0 (one step per slot
+  // only) the issuer also asks the L2 for the step that many past each slot it copies, and
+  // IssueFirst for those up to the first refill's.
+  __device__ __forceinline__ void IssueFirst(int slots, int l2_ahead) const {
+    for (int i = 0; i < min(Cfg::kStages - 1, slots); ++i) Issue(i, i);
+    if constexpr (Cfg::kStepsPerStage == 1) {
+      for (int kt = Cfg::kStages - 1; l2_ahead > 0 && kt < min(Cfg::kStages - 1 + l2_ahead, slots); ++kt)
+        PrefetchL2(kt);
+    }
+  }
+  template <int kLag>
+  __device__ __forceinline__ void Refill(int i, int slots, int l2_ahead) const {
+    static_assert(kLag == 1 || kLag == 2, "refill the stage of the slot before or the one before that");
+    const int refill = i + Cfg::kStages - kLag;
+    if (i < kLag - 1 || refill >= slots) return;
+    sm.WaitFree(refill);
+    Issue(refill, refill % Cfg::kStages);
+    if constexpr (Cfg::kStepsPerStage == 1) {
+      if (l2_ahead > 0 && refill + l2_ahead < slots) PrefetchL2(refill + l2_ahead);
+    }
+  }
 };
 
 // Initializes the stages' mbarriers (thread 0; the caller's next barrier publishes them): "full"

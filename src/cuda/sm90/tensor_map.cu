@@ -38,10 +38,8 @@ cudaError_t MakeBf16RowMap(CUtensorMap* map, const uint16_t* base, int64_t cols,
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-cudaError_t MakeTokenMaps(const GemmParams& p, int block_n, CUtensorMap* wide, CUtensorMap* narrow) {
-  const int64_t rows = p.b_rows > 0 ? p.b_rows : 1;
-  const cudaError_t e = MakeBf16RowMap(wide, p.b, p.a_shape.cols, rows, p.b_stride, block_n);
-  return e != cudaSuccess ? e : MakeBf16RowMap(narrow, p.b, p.a_shape.cols, rows, p.b_stride, 8);
+cudaError_t MakeTokenMap(const GemmParams& p, int box_rows, CUtensorMap* map) {
+  return MakeBf16RowMap(map, p.b, p.a_shape.cols, p.b_rows > 0 ? p.b_rows : 1, p.b_stride, box_rows);
 }
 
 }  // namespace mxmoe::cuda::sm90

@@ -17,9 +17,8 @@ namespace mxmoe::cuda::sm90 {
 cudaError_t MakeBf16RowMap(CUtensorMap* map, const uint16_t* base, int64_t cols, int64_t rows,
                            int64_t row_stride, int box_rows);
 
-// The two maps of a GEMM's token operand p.b (p.b_rows rows in sorted order; at least one, so that a
-// call without pairs, whose grid exits at once, still gets maps): boxes of block_n rows (wide) and
-// of 8 (narrow).
-cudaError_t MakeTokenMaps(const GemmParams& p, int block_n, CUtensorMap* wide, CUtensorMap* narrow);
+// A map of a GEMM's token operand p.b (p.b_rows rows in sorted order; at least one, so that a call
+// without pairs, whose grid exits at once, still gets a map) in boxes of box_rows rows.
+cudaError_t MakeTokenMap(const GemmParams& p, int box_rows, CUtensorMap* map);
 
 }  // namespace mxmoe::cuda::sm90
