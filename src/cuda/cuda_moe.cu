@@ -160,6 +160,12 @@ struct GemmCall {
   ActivationType act = ActivationType::Situ;
   const float* gate_bias = nullptr;
   const float* up_bias = nullptr;
+  // The fused decode kernel's buffers (KernelPath::DecodeBytes of the chunk's pairs), and whether
+  // this call runs it (set by KernelPath::PlanFusedDecode, which also has the input quantization's
+  // launch clear its synchronization words).
+  uint8_t* decode_ws = nullptr;
+  bool fused_decode = false;
+  int64_t decode_pairs = 0;
 };
 
 // A chunk's GEMM configs (FC1's and FC2's, the same unless forced apart) and its routing tile
@@ -188,6 +194,15 @@ class KernelPath {
   virtual void SetQuantOutput(const GemmCall& call, cuda::PrepareParams* pp) const = 0;
   virtual Status LaunchGemms(const GemmChoice& choice, const GemmCall& call, cudaStream_t stream) const = 0;
   virtual void SetReferenceWeights(cuda::ReferenceParams* p) const = 0;
+  // The workspace of the fused decode kernel for calls of up to `pairs` pairs (0: the path has
+  // none), non-decreasing in pairs.
+  virtual size_t DecodeBytes(int64_t /*pairs*/) const { return 0; }
+  // Whether a call of `pairs` pairs (its routing in LaunchPrepareAndRoute, *pp) runs the fused
+  // decode kernel under `choice`; if so, marks *call and points pp's cleared words at its buffers.
+  virtual bool PlanFusedDecode(const GemmChoice& /*choice*/, int64_t /*pairs*/, GemmCall* /*call*/,
+                               cuda::PrepareParams* /*pp*/) const {
+    return false;
+  }
 
  protected:
   cuda::LayerDims dims_;
@@ -289,6 +304,18 @@ class Sm90Path final : public KernelPath {
     g2.b_stride = g.h_stride;
     g2.b_rows = call.pair_capacity;
     g2.m_tiles = m_tiles2;
+    if (call.fused_decode) {
+      cuda::DecodeParams d;
+      d.fc1 = g1;
+      d.fc2 = g2;
+      d.plan = DecodePlanOf(call.decode_pairs);
+      d.max_tiles = static_cast<int32_t>(call.max_tiles);
+      d.sync = reinterpret_cast<int32_t*>(call.decode_ws);
+      d.pairs = static_cast<int32_t>(call.decode_pairs);
+      if (d.plan.s1 > 1 || d.plan.s2 > 1)
+        d.partials = reinterpret_cast<float*>(call.decode_ws + DecodeSyncBytes(d.plan, call.max_tiles));
+      return CudaCheck(cuda::LaunchFusedDecode(d, stream), "fused decode GEMMs (" + choice.name + ")");
+    }
     return CudaCheck(cuda::LaunchGemm(static_cast<cuda::GemmConfigId>(choice.config_fc2), false, g2,
                                       m_tiles2 * call.max_tiles, stream),
                      std::string("FC2 grouped GEMM (") + choice.name + ")");
@@ -301,8 +328,40 @@ class Sm90Path final : public KernelPath {
     p->w2_scales = w2_scales_.As<uint8_t>();
     p->w2 = w2_;
   }
+  // The synchronization words of at most `pairs` tiles, then the bound of the parts' sums.
+  size_t DecodeBytes(int64_t pairs) const override {
+    pairs = std::min<int64_t>(pairs, cuda::kDecodeMaxPairs);
+    const cuda::DecodePlan plan = DecodePlanOf(pairs);
+    return DecodeSyncBytes(plan, pairs) +
+           static_cast<size_t>(cuda::DecodePartialBound(plan.m1, plan.m2, pairs)) * sizeof(float);
+  }
+  bool PlanFusedDecode(const GemmChoice& choice, int64_t pairs, GemmCall* call, cuda::PrepareParams* pp) const override {
+    const int n8f = static_cast<int>(cuda::GemmConfigId::kN8f);
+    if (choice.config != n8f || choice.config_fc2 != n8f || call->decode_ws == nullptr ||
+        pairs > cuda::kDecodeMaxPairs || call->max_tiles > pairs)
+      return false;
+    call->decode_pairs = pairs;
+    pp->zero = reinterpret_cast<int32_t*>(call->decode_ws);
+    pp->zero_words = cuda::DecodeSyncWords(DecodePlanOf(pairs), call->max_tiles);
+    return true;
+  }
 
  private:
+  // Row blocks and steps of the two GEMMs, and the parts for a call of `pairs` pairs.
+  cuda::DecodePlan DecodePlanOf(int64_t pairs) const {
+    cuda::DecodePlan plan;
+    plan.m1 = static_cast<int32_t>((w13_.row_groups + cuda::kBlockRowGroups - 1) / cuda::kBlockRowGroups);
+    plan.m2 = static_cast<int32_t>((w2_.row_groups + cuda::kBlockRowGroups - 1) / cuda::kBlockRowGroups);
+    plan.k1 = static_cast<int32_t>(w13_.col_tiles);
+    plan.k2 = static_cast<int32_t>(w2_.col_tiles);
+    plan.s1 = cuda::DecodeSplitFor(pairs, plan.k1);
+    plan.s2 = cuda::DecodeSplitFor(pairs, plan.k2);
+    return plan;
+  }
+  // The words for calls of at most max_tiles tiles, in whole 256-byte units (the sums follow).
+  static size_t DecodeSyncBytes(const cuda::DecodePlan& plan, int64_t max_tiles) {
+    return (static_cast<size_t>(cuda::DecodeSyncWords(plan, max_tiles)) * 4 + 255) / 256 * 256;
+  }
   int64_t XStride() const { return w13_.col_tiles * cuda::kTileCols; }  // bf16 elements
   int64_t HStride() const { return w2_.col_tiles * cuda::kTileCols; }
   PackedShape w13_, w2_;
@@ -480,7 +539,7 @@ class CudaMoeImpl final : public CudaMoe {
  private:
   class DebugScope;
   struct RunLayout {
-    size_t xq, h, y;
+    size_t xq, h, y, decode;
     RoutingLayout route;
     size_t total;
   };
@@ -497,7 +556,9 @@ class CudaMoeImpl final : public CudaMoe {
     size_t iota, h, y, acc;
     size_t total;
   };
-  RunLayout PlanRun(int64_t chunk) const {
+  // with_decode: the fused decode kernel's buffers too (always, but where the chunk size is derived
+  // from the per-token growth: they stop growing at kDecodeMaxPairs).
+  RunLayout PlanRun(int64_t chunk, bool with_decode = true) const {
     const size_t pairs = static_cast<size_t>(chunk * dims_.top_k);
     const size_t experts = static_cast<size_t>(dims_.num_local + 1);
     Arena a;
@@ -505,6 +566,7 @@ class CudaMoeImpl final : public CudaMoe {
     l.xq = a.Take(path_->XqBytes(chunk));
     l.h = a.Take(path_->HBytes(static_cast<int64_t>(pairs)));
     l.y = a.Take(pairs * dims_.hidden * 4);
+    l.decode = a.Take(with_decode ? path_->DecodeBytes(static_cast<int64_t>(pairs)) : 0);
     l.route.TakeSort(a, pairs);
     l.route.TakeTiles(a, experts, pairs, sort_temp_bytes_);
     l.total = a.Take(0);
@@ -622,7 +684,7 @@ Status CudaMoeImpl::Init(const ExpertSet& experts, int device) {
   // largest chunk, found with a first plan without it).
   if (const size_t t = g_workspace_target.load(); t > 0) workspace_target_ = t;
   auto per_token = [](size_t one, size_t two) { return std::max<size_t>(1, two - one); };
-  const size_t run_token = per_token(PlanRun(1).total, PlanRun(2).total);
+  const size_t run_token = per_token(PlanRun(1, false).total, PlanRun(2, false).total);
   max_chunk_run_ = std::max<int64_t>(1, static_cast<int64_t>(workspace_target_ / run_token));
   MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::SortTempBytes(max_chunk_run_ * dims_.top_k, &sort_temp_bytes_),
                                   "sizing the routing sort"));
@@ -876,6 +938,7 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
   call.expert_offsets = offsets;
   call.tiles = tiles;
   call.num_tiles = num_tiles;
+  call.decode_ws = at(l.decode);
 
   for (int64_t t0 = 0; t0 < t_count; t0 += choice.chunk_tokens) {
     const int64_t tc = std::min(choice.chunk_tokens, t_count - t0);
@@ -884,7 +947,7 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
     // do it in the quantization's launch, from the ids (perf-log v12).
     const bool small_routing = pairs <= cuda::kSmallRoutePairs;
     const bool fused_routing = pairs <= cuda::kFusedRoutePairs;
-    const cuda::PrepareParams pp = PrepareOf(in, call, t0, tc, keys_in, small_routing ? nullptr : vals_in);
+    cuda::PrepareParams pp = PrepareOf(in, call, t0, tc, keys_in, small_routing ? nullptr : vals_in);
     cuda::RouteSmallParams rp;
     rp.keys = keys_in;
     rp.n = static_cast<int32_t>(pairs);
@@ -899,6 +962,7 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
     rp.warp_max = cuda::WarpRouteEnabled() ? cuda::kWarpRoutePairs : 0;
     // Tiles <= pairs / tile + one partial tile per touched expert.
     call.max_tiles = std::min(pairs, (pairs + gemm.tile_tokens - 1) / gemm.tile_tokens + std::min(n_local, pairs));
+    call.fused_decode = fused_routing && path_->PlanFusedDecode(gemm, pairs, &call, &pp);
     if (fused_routing) {
       MXMOE_RETURN_IF_ERROR(
           CudaCheck(cuda::LaunchPrepareAndRoute(pp, rp, stream), "input quantization / routing kernel (small calls)"));

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cuda/decode_plan.h"
 #include "cuda/sm120/weight_layout_sm120.h"
 #include "cuda/weight_layout.h"
 #include "mxmoe/activation.h"
@@ -67,6 +68,10 @@ struct PrepareParams {
   // The error word: ids outside [-1, num_experts) are added here (one atomic per block), or null.
   int64_t num_experts = 0;  // E, global
   unsigned long long* bad_ids = nullptr;
+  // Words set to 0 by LaunchPrepareAndRoute (the fused decode kernel's synchronization words), or
+  // null. LaunchPrepare refuses them.
+  int32_t* zero = nullptr;
+  int64_t zero_words = 0;
 };
 cudaError_t LaunchPrepare(const PrepareParams& p, cudaStream_t stream);
 // Adds the ids of ids[0, n) outside [-1, num_experts) to *bad_ids (the unfused reference's share
@@ -223,12 +228,14 @@ int L2Ahead();
 // CTAs per SM (perf-log v13.1), n8c4 n8c2 with clusters of four (perf-log v13.2), wg128d4x2 and
 // wg128d3x3 wg128d8's ring as 4 stages of two reduction steps and 3 stages of three (perf-log v14),
 // wg128h BLOCK_N 128 with half a row block per CTA and two CTAs per SM (perf-log v19, v20), n32t and
-// n8t n32's and n8's warps fed by the copy engine instead of cp.async (perf-log v20).
+// n8t n32's and n8's warps fed by the copy engine instead of cp.async (perf-log v20), n8f n8's tiles
+// with both GEMMs of a call of at most kDecodeMaxPairs pairs in one persistent kernel (perf-log v21;
+// LaunchFusedDecode).
 enum class GemmConfigId : int {
   kN8 = 0, kN32 = 1, kN64 = 2, kWg64 = 3, kWg128 = 4, kWg128d = 5, kWg128d8 = 6, kN8k2 = 7, kN8c2 = 8,
-  kWg32x2d = 9, kN8c4 = 10, kWg128d4x2 = 11, kWg128d3x3 = 12, kWg128h = 13, kN32t = 14, kN8t = 15
+  kWg32x2d = 9, kN8c4 = 10, kWg128d4x2 = 11, kWg128d3x3 = 12, kWg128h = 13, kN32t = 14, kN8t = 15, kN8f = 16
 };
-inline constexpr int kNumGemmConfigs = 16;
+inline constexpr int kNumGemmConfigs = 17;
 
 struct GemmConfigInfo {
   const char* name;
@@ -256,6 +263,19 @@ cudaError_t PrepareGemmKernels();
 // grid_ctas = m_tiles * (upper bound of the tile count); CTAs past the real count exit at once.
 cudaError_t LaunchGemm(GemmConfigId id, bool fc1, const GemmParams& p, int64_t grid_ctas,
                        cudaStream_t stream);
+
+// Both GEMMs of a decode call in one persistent kernel (n8f; decode_plan.h has the order of its
+// work and the arithmetic of its buffers). fc1 and fc2 are what LaunchGemm would take for n8;
+// fc1.work_counter (zeroed by the routing) hands out the units.
+struct DecodeParams {
+  GemmParams fc1, fc2;
+  DecodePlan plan;
+  int32_t max_tiles = 0;    // an upper bound of the tile count (the words' layout)
+  int32_t* sync = nullptr;  // DecodeSyncWords(plan, max_tiles) words, all 0 at the launch
+  float* partials = nullptr;  // DecodePartialFloats(plan, pairs) floats (null when s1 = s2 = 1)
+  int32_t pairs = 0;        // the call's pairs: positions of the partial sums
+};
+cudaError_t LaunchFusedDecode(const DecodeParams& d, cudaStream_t stream);
 // The persistent FC1 kernel of wg128 (perf-log v7), one CTA per SM: used when on (set at start from
 // MXMOE_FC1_PERSISTENT=1|0, default kPersistentFc1Default); LimitPersistentCtas(n) caps it at n CTAs
 // (so that the tests walk many items through each CTA on small layers), 0 lifts the cap.

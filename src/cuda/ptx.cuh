@@ -93,6 +93,20 @@ __device__ __forceinline__ void PrefetchBulkL2(const void* gmem, uint32_t bytes)
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gmem), "r"(bytes) : "memory");
 #endif
 }
+// A word of global memory read with acquire / written with release semantics at GPU scope (PTX
+// ISA, memory consistency model): the flags one CTA raises after its stores for CTAs on other SMs.
+__device__ __forceinline__ int32_t LoadAcquireGpu(const int32_t* p) {
+  int32_t v = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+#endif
+  return v;
+}
+__device__ __forceinline__ void StoreReleaseGpu(int32_t* p, int32_t v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+#endif
+}
 // 16 bytes from shared memory at a shared-window address.
 __device__ __forceinline__ uint4 LdShared128(uint32_t smem_addr) {
   uint4 v;

@@ -308,6 +308,9 @@ __global__ void __launch_bounds__(kThreads)
   ptx::EnterPipelineKernel();
   if (blockIdx.x + 1 < gridDim.x) {
     const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+    // (The quantization blocks also clear p.zero: the routing block is the launch's long pole.)
+    const int64_t stride = static_cast<int64_t>(gridDim.x - 1) * kThreads;
+    for (int64_t i = idx; i < p.zero_words; i += stride) p.zero[i] = 0;
     if (idx < quant_threads) QuantizeBlockOfX(p, idx);
     return;
   }
@@ -410,6 +413,7 @@ void SetWarpRoute(bool on) { WarpRoute().Set(on); }
 bool WarpRouteEnabled() { return WarpRoute().Get(); }
 
 cudaError_t LaunchPrepare(const PrepareParams& p, cudaStream_t stream) {
+  if (p.zero_words != 0) return cudaErrorInvalidValue;  // (only LaunchPrepareAndRoute clears words)
   const int64_t quant = p.num_tokens * (p.hidden / kMxBlock);
   const int64_t blocks = Blocks(quant) + Blocks(p.num_tokens * p.top_k);
   if (blocks == 0) return cudaSuccess;
@@ -420,7 +424,7 @@ cudaError_t LaunchPrepare(const PrepareParams& p, cudaStream_t stream) {
 
 cudaError_t LaunchPrepareAndRoute(const PrepareParams& p, const RouteSmallParams& rp, cudaStream_t stream) {
   if (rp.n < 0 || rp.n > kFusedRoutePairs || rp.n != p.num_tokens * p.top_k || rp.key_bits < 1 || rp.key_bits > 32 ||
-      rp.warp_max < 0 || rp.warp_max > kWarpRoutePairs)
+      rp.warp_max < 0 || rp.warp_max > kWarpRoutePairs || p.zero_words < 0 || (p.zero_words > 0 && p.zero == nullptr))
     return cudaErrorInvalidValue;
   static_assert(kFusedRoutePairs == kThreads, "one slot per thread of the routing block");
   const int64_t quant_blocks = Blocks(p.num_tokens * (p.hidden / kMxBlock));

@@ -29,6 +29,7 @@ MXMOE_DECLARE_CONFIG(N8c4)
 MXMOE_DECLARE_CONFIG(Wg128h)
 MXMOE_DECLARE_CONFIG(N32t)
 MXMOE_DECLARE_CONFIG(N8t)
+MXMOE_DECLARE_CONFIG(N8f)
 #undef MXMOE_DECLARE_CONFIG
 }  // namespace sm90
 
@@ -50,6 +51,7 @@ GemmConfigInfo GemmInfo(GemmConfigId id) {
     case GemmConfigId::kWg128h: return sm90::InfoWg128h();
     case GemmConfigId::kN32t: return sm90::InfoN32t();
     case GemmConfigId::kN8t: return sm90::InfoN8t();
+    case GemmConfigId::kN8f: return sm90::InfoN8f();
   }
   return sm90::InfoN8();
 }
@@ -71,6 +73,7 @@ cudaError_t PrepareGemmKernels() {
   if (e == cudaSuccess) e = sm90::PrepareGemmWg128h();
   if (e == cudaSuccess) e = sm90::PrepareGemmN32t();
   if (e == cudaSuccess) e = sm90::PrepareGemmN8t();
+  if (e == cudaSuccess) e = sm90::PrepareGemmN8f();
   return e;
 }
 
@@ -114,6 +117,7 @@ cudaError_t LaunchGemm(GemmConfigId id, bool fc1, const GemmParams& p, int64_t g
     case GemmConfigId::kWg128h: return sm90::LaunchGemmWg128h(fc1, p, grid_ctas, stream);
     case GemmConfigId::kN32t: return sm90::LaunchGemmN32t(fc1, p, grid_ctas, stream);
     case GemmConfigId::kN8t: return sm90::LaunchGemmN8t(fc1, p, grid_ctas, stream);
+    case GemmConfigId::kN8f: return sm90::LaunchGemmN8f(fc1, p, grid_ctas, stream);
   }
   return cudaErrorInvalidValue;
 }

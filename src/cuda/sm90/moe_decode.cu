@@ -1,0 +1,242 @@
+// n8f: both grouped GEMMs of a decode call (at most kDecodeMaxPairs pairs) in one persistent kernel
+// on n8's tiles (perf-log v21). decode_plan.h has the order of the units and the arithmetic of the
+// buffers; GemmConfigId::kN8f runs n8's two kernels for larger calls.
+//
+// Why: at T = 1 the layer spends ~90 µs in its two GEMM kernels against ~69 µs to read the weights
+// (perf-log v18). Each kernel is one short wave: FC1's CTAs wait for later stages 23% of their
+// cycles, and FC2's 448 CTAs (n8c2) fill half of the SMs' slots. Here every CTA slot streams
+// weights from the first unit to the last: FC2's units start while FC1's last ones finish, and a
+// tile's reduction is split into parts small enough that the units outnumber the slots.
+//
+// A CTA is n8's (4 warps, 256 rows x 8 tokens, 3 stages of one 64-wide step; the same cp.async
+// copies, MMAs and epilogues: moe_gemm.cuh). Per unit it:
+//   1. takes the next unit from the counter;
+//   2. (FC2) waits until FC1 has raised the "written" flags of the intermediates its steps read;
+//   3. runs its part of the reduction;
+//   4. with parts (s > 1), writes its sums at its part's place, counts itself in, and only the
+//      last part to arrive goes on: it adds the parts' sums in part order;
+//   5. runs the epilogue (FC1: activation and re-quantization into h, then raises the flag of its
+//      row block; FC2: y).
+// Memory order: the sums and h are written, the CTA meets at a barrier, and thread 0 fences and
+// then counts in / raises the flag (release); the reader's thread 0 sees the count or flag, fences
+// (acquire), and the CTA meets at a barrier before it reads them through L2 (__ldcg, cp.async.cg).
+// No deadlock: a unit waits only for FC1 units, which wait for nothing and were all taken before
+// any FC2 unit, by CTAs that are running.
+#include <algorithm>
+#include <atomic>
+
+#include "cuda/decode_plan.h"
+#include "cuda/sm90/moe_gemm.cuh"
+
+namespace mxmoe::cuda::sm90 {
+
+namespace {
+
+using DecodeConfig = ConfigN8;
+
+// Steps 3 to 5 of one unit, for every thread of the CTA.
+template <class Cfg, bool kFc1>
+__device__ __forceinline__ void RunDecodeUnit(const DecodeParams& d, const GemmParams& p, const DecodeUnit& w,
+                                              uint8_t* smem, int32_t* smem_rows, int32_t* smem_last) {
+  static_assert(Cfg::kBlockM == kDecodeBlockRows && Cfg::kBlockN == kDecodeBlockTokens, "decode_plan.h's unit");
+  static_assert(Cfg::kKSub == 1 && Cfg::kSplitK == 1 && Cfg::kClusterK == 1 && !Cfg::kAdaptiveWidth,
+                "one step per stage, one set of warps, one CTA per unit");
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  TileCoords tc;
+  ReadTile<Cfg::kBlockN, kFc1>(p, static_cast<uint32_t>(w.tile) * p.m_tiles + w.block, tid, Cfg::kThreads, smem_rows,
+                               &tc);  // (w.tile < the tile count: it returns true)
+  const int32_t parts = kFc1 ? d.plan.s1 : d.plan.s2;
+  int32_t k_first = 0, k_tiles = 0;
+  DecodePartSteps(kFc1 ? d.plan.k1 : d.plan.k2, parts, w.part, &k_first, &k_tiles);
+  const int64_t ready_at = DecodeReadyAt(d.plan, d.max_tiles) + static_cast<int64_t>(w.tile) * d.plan.m1;
+  if constexpr (!kFc1) {
+    if (tid == 0) {
+      int32_t lo = 0, hi = 0;
+      DecodeFc1BlocksOf(k_first, k_tiles, &lo, &hi);
+      for (int32_t m = lo; m < hi; ++m)
+        while (ptx::LoadAcquireGpu(d.sync + ready_at + m) == 0) __nanosleep(128);
+    }
+    __syncthreads();
+  }
+
+  StepLoader<Cfg::kBlockN, Cfg::kThreads> loader;
+  loader.Init(p, tc, smem_rows, tid, k_first);
+  const int groups = loader.groups;
+  const bool warp_active = warp * Cfg::kMFrags < groups;
+  float acc[Cfg::kMFrags][Cfg::kNTiles][4];
+  ZeroAccumulators(acc);
+  auto load_step = [&](int stage) {
+    const uint32_t at = ptx::SmemAddr(smem + stage * Cfg::kSmemStage);
+    loader.IssueNext(at, at + Cfg::kSmemA, at + Cfg::kSmemA + Cfg::kSmemScales, tid, p.b);
+  };
+  // The cp.async pipeline of MoeGemmKernel with one step per stage.
+#pragma unroll
+  for (int s = 0; s < Cfg::kStages - 1; ++s) {
+    if (s < k_tiles) load_step(s);
+    ptx::CpAsyncCommit();
+  }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    ptx::CpAsyncWait<Cfg::kStages - 2>();
+    __syncthreads();
+    const int next = kt + Cfg::kStages - 1;
+    if (next < k_tiles) load_step(next % Cfg::kStages);
+    ptx::CpAsyncCommit();
+    if (warp_active) {
+      const uint8_t* stage = smem + (kt % Cfg::kStages) * Cfg::kSmemStage;
+      ComputeStep<Cfg, Cfg::kNTiles>(stage, stage + Cfg::kSmemA, stage + Cfg::kSmemA + Cfg::kSmemScales, warp, lane,
+                                     acc);
+    }
+  }
+  ptx::CpAsyncWait<0>();
+
+  if (parts > 1) {
+    // The part's sums at [block][part][position][row] (decode_plan.h), the tile's real columns only.
+    const int64_t plane = static_cast<int64_t>(d.pairs) * kDecodeBlockRows;
+    float* const base = d.partials + (kFc1 ? 0 : DecodeFc1PartialFloats(d.plan, d.pairs)) +
+                        static_cast<int64_t>(w.block) * parts * plane;
+    const int g = lane >> 2, c = lane & 3;
+    auto at = [&](int f, int half, int q) {
+      return static_cast<int64_t>(tc.seg_begin + 2 * c + q) * kDecodeBlockRows + (warp * Cfg::kMFrags + f) * kTileRows +
+             g + 8 * half;
+    };
+    if (warp_active) {
+#pragma unroll
+      for (int f = 0; f < Cfg::kMFrags; ++f)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+          for (int q = 0; q < 2; ++q)
+            if (2 * c + q < tc.n_valid) __stcg(base + w.part * plane + at(f, half, q), acc[f][0][2 * half + q]);
+    }
+    __syncthreads();
+    if (tid == 0) {
+      const int64_t arrivals = (kFc1 ? 0 : DecodeFc2ArrivalsAt(d.plan, d.max_tiles)) +
+                               static_cast<int64_t>(w.tile) * (kFc1 ? d.plan.m1 : d.plan.m2) + w.block;
+      __threadfence();
+      *smem_last = atomicAdd(d.sync + arrivals, 1) == parts - 1 ? 1 : 0;
+      __threadfence();
+    }
+    __syncthreads();
+    if (*smem_last == 0) return;  // (uniform) another part finishes the tile
+    if (warp_active) {
+#pragma unroll
+      for (int f = 0; f < Cfg::kMFrags; ++f)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+          for (int q = 0; q < 2; ++q) {
+            float sum = 0.0f;
+            if (2 * c + q < tc.n_valid) {
+              for (int part = 0; part < parts; ++part) sum += __ldcg(base + part * plane + at(f, half, q));
+            }
+            acc[f][0][2 * half + q] = sum;
+          }
+    }
+  }
+  // (The stages become the FC1 epilogue's planes: every copy has landed, and its first barrier
+  // waits until every warp is past its last step.)
+  MmaTileEpilogue<Cfg, kFc1>(p, tc, groups, acc, warp_active, warp, warp, lane, smem);
+  if constexpr (kFc1) {
+    __syncthreads();  // every thread's h stores are done
+    if (tid == 0) {
+      __threadfence();
+      ptx::StoreReleaseGpu(d.sync + ready_at + w.block, 1);
+    }
+  }
+}
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads) MoeDecodeKernel(const __grid_constant__ DecodeParams d) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900)
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ int32_t smem_rows[Cfg::kBlockN];
+  __shared__ int32_t smem_unit, smem_last;
+  ptx::EnterPipelineKernel();
+  const int32_t tiles = *d.fc1.num_tiles;
+  const int32_t units = DecodeUnits(d.plan, tiles);
+  for (;;) {
+    if (threadIdx.x == 0) smem_unit = atomicAdd(d.fc1.work_counter, 1);
+    __syncthreads();
+    const int32_t u = smem_unit;
+    if (u >= units) return;  // (uniform)
+    const DecodeUnit w = DecodeUnitOf(d.plan, tiles, u);
+    if (w.fc1) RunDecodeUnit<Cfg, true>(d, d.fc1, w, smem, smem_rows, &smem_last);
+    else RunDecodeUnit<Cfg, false>(d, d.fc2, w, smem, smem_rows, &smem_last);
+    // Every thread has read smem_unit and smem_last, and is done with the stages and the planes,
+    // before thread 0 takes the next unit and the copies refill them.
+    __syncthreads();
+  }
+#else
+  __trap();  // built for SM90 only; cuda_moe.cu refuses other devices before launching
+#endif
+}
+
+int DecodeResidentCtas(bool) {
+  return ResidentCtas(MoeDecodeKernel<DecodeConfig>, DecodeConfig::kThreads, DecodeConfig::kSmemBytes);
+}
+
+// Larger calls: n8's kernels, without the L2 look-ahead (n8f does not read it, and its plan's name
+// does not say it).
+template <class Cfg>
+cudaError_t LaunchN8f(bool fc1, const GemmParams& p, int64_t grid_ctas, cudaStream_t stream) {
+  GemmParams q = p;
+  q.l2_ahead = 0;
+  return LaunchGemmConfig<Cfg>(fc1, q, grid_ctas, stream);
+}
+
+template <class Cfg>
+cudaError_t PrepareN8f() {
+  const cudaError_t e = PrepareGemmConfig<Cfg>();
+  if (e != cudaSuccess) return e;
+  return cudaFuncSetAttribute(MoeDecodeKernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+}
+
+template <class Cfg>
+GemmConfigInfo InfoN8fOf(const char* name) {
+  return {name, Cfg::kBlockM, Cfg::kBlockN, Cfg::kThreads, Cfg::kStages, Cfg::kSmemBytes, false, 0, false,
+          &DecodeResidentCtas};
+}
+
+}  // namespace
+
+MXMOE_DEFINE_GEMM_CONFIG(N8f, DecodeConfig, "n8f", LaunchN8f, PrepareN8f, InfoN8fOf)
+
+}  // namespace mxmoe::cuda::sm90
+
+namespace mxmoe::cuda {
+
+cudaError_t LaunchFusedDecode(const DecodeParams& d, cudaStream_t stream) {
+  using Cfg = sm90::DecodeConfig;
+  const DecodePlan& pl = d.plan;
+  if (d.fc1.work_counter == nullptr || d.fc1.num_tiles == nullptr || d.sync == nullptr || d.max_tiles < 0 ||
+      d.pairs < 0 || d.pairs > kDecodeMaxPairs || pl.s1 < 1 || pl.s1 > kDecodeMaxSplit || pl.s2 < 1 ||
+      pl.s2 > kDecodeMaxSplit || pl.m1 != d.fc1.m_tiles || pl.m2 != d.fc2.m_tiles ||
+      pl.k1 != d.fc1.a_shape.col_tiles || pl.k2 != d.fc2.a_shape.col_tiles ||
+      ((pl.s1 > 1 || pl.s2 > 1) && d.partials == nullptr))
+    return cudaErrorInvalidValue;
+  // FC2 step 2 m + j reads the intermediates FC1's row block m writes (decode_plan.h).
+  if (d.fc2.a_shape.cols != d.fc1.a_shape.rows / 2 || kTileCols * kFc2StepsPerFc1Block != kBlockRowGroups * 8)
+    return cudaErrorInvalidValue;
+  const int64_t units = static_cast<int64_t>(d.max_tiles) * (pl.m1 * pl.s1 + pl.m2 * pl.s2);
+  if (units == 0) return cudaSuccess;
+  if (units > INT32_MAX) return cudaErrorInvalidValue;
+  // The CTA slots of the device (the occupancy API once per device: the launch is on the decode path).
+  static std::atomic<int> slots_of[64];
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  int slots = device >= 0 && device < 64 ? slots_of[device].load(std::memory_order_relaxed) : 0;
+  if (slots == 0) {
+    int sms = 0;
+    if (const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess)
+      return e;
+    const int per_sm = sm90::DecodeResidentCtas(true);
+    if (per_sm <= 0) return per_sm < 0 ? static_cast<cudaError_t>(-per_sm) : cudaErrorInvalidConfiguration;
+    slots = sms * per_sm;
+    if (device >= 0 && device < 64) slots_of[device].store(slots, std::memory_order_relaxed);
+  }
+  const int64_t ctas = std::min<int64_t>(units, slots);
+  return LaunchKernel(sm90::MoeDecodeKernel<Cfg>, dim3(static_cast<unsigned>(ctas)), dim3(Cfg::kThreads),
+                      Cfg::kSmemBytes, stream, d);
+}
+
+}  // namespace mxmoe::cuda

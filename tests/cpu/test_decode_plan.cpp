@@ -1,0 +1,171 @@
+// The fused decode kernel's work (cuda/decode_plan.h, config n8f), checked on the host with the
+// arithmetic the kernel runs: every piece of both GEMMs is one unit, FC2's units come after every
+// FC1 unit they wait for and after as few others as the order promises, the parts cover each
+// reduction once, and the parts' sums stay within what the workspace holds.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <tuple>
+#include <vector>
+
+#include "cuda/decode_plan.h"
+
+namespace mxmoe::cuda {
+namespace {
+
+// W13 / W2 row blocks and steps of a layer of hidden size k and intermediate size i (the
+// prepacked shapes: rows padded to 64, the reduction to 64; blocks of 256 rows).
+DecodePlan PlanOf(int64_t k, int64_t i, int32_t s1, int32_t s2) {
+  const auto blocks = [](int64_t rows) { return static_cast<int32_t>(((rows + 63) / 64 * 64 + 255) / 256); };
+  DecodePlan p;
+  p.m1 = blocks(2 * i);
+  p.m2 = blocks(k);
+  p.k1 = static_cast<int32_t>((k + 63) / 64);
+  p.k2 = static_cast<int32_t>((i + 63) / 64);
+  p.s1 = s1;
+  p.s2 = s2;
+  return p;
+}
+
+// Kimi-K3, GPT-OSS-120B and DeepSeek-V3 (SPEC section 5), a tensor-parallel slice of Kimi-K3 (I / 8
+// = 384) and small shapes whose sizes are not multiples of the blocks.
+const std::pair<int64_t, int64_t> kShapes[] = {{3584, 3072}, {2880, 2880}, {7168, 2048}, {3584, 384},
+                                               {256, 160},   {96, 96},     {320, 32},   {992, 320}};
+
+TEST(DecodePlan, EveryPieceOfBothGemmsIsOneUnitAndFc1ComesFirst) {
+  for (const auto& [k, i] : kShapes) {
+    for (int32_t s1 : {1, 2, 4, 8}) {
+      for (int32_t s2 : {1, 2, 4, 8}) {
+        const DecodePlan p = PlanOf(k, i, s1, s2);
+        for (int32_t tiles : {0, 1, 2, 3, 7, 16}) {
+          SCOPED_TRACE(testing::Message() << "K=" << k << " I=" << i << " s1=" << s1 << " s2=" << s2
+                                          << " tiles=" << tiles);
+          std::set<std::tuple<bool, int32_t, int32_t, int32_t>> seen;
+          const int32_t units = DecodeUnits(p, tiles);
+          ASSERT_EQ(units, tiles * (p.m1 * s1 + p.m2 * s2));
+          for (int32_t u = 0; u < units; ++u) {
+            const DecodeUnit w = DecodeUnitOf(p, tiles, u);
+            ASSERT_EQ(w.fc1, u < DecodeFc1Units(p, tiles)) << "unit " << u;
+            ASSERT_GE(w.tile, 0);
+            ASSERT_LT(w.tile, tiles);
+            ASSERT_GE(w.block, 0);
+            ASSERT_LT(w.block, w.fc1 ? p.m1 : p.m2);
+            ASSERT_GE(w.part, 0);
+            ASSERT_LT(w.part, w.fc1 ? s1 : s2);
+            ASSERT_TRUE(seen.insert({w.fc1, w.tile, w.block, w.part}).second) << "unit " << u << " repeats";
+          }
+          EXPECT_EQ(static_cast<int32_t>(seen.size()), units);
+        }
+      }
+    }
+  }
+}
+
+// Each FC2 part's steps read h columns FC1 row blocks wrote: the blocks DecodeFc1BlocksOf names are
+// exactly those of its steps, and every FC1 unit of them (any part) comes before the FC2 units of
+// part g and within the first GroupStart(g + 1) blocks' units: by the time the CTAs reach FC2's
+// part g, nothing FC1 computes later is waited for.
+TEST(DecodePlan, Fc2PartsWaitOnlyForFc1UnitsOrderedBeforeThem) {
+  for (const auto& [k, i] : kShapes) {
+    for (int32_t s1 : {1, 2, 8}) {
+      for (int32_t s2 : {1, 2, 4, 8}) {
+        const DecodePlan p = PlanOf(k, i, s1, s2);
+        const int32_t tiles = 5;
+        SCOPED_TRACE(testing::Message() << "K=" << k << " I=" << i << " s1=" << s1 << " s2=" << s2);
+        EXPECT_EQ(DecodeGroupStart(p, 0), 0);
+        EXPECT_EQ(DecodeGroupStart(p, s2), p.m1);
+        for (int32_t g = 0; g < s2; ++g) EXPECT_LE(DecodeGroupStart(p, g), DecodeGroupStart(p, g + 1));
+        // Where each FC1 unit sits in the order.
+        std::vector<int32_t> fc1_at(static_cast<size_t>(tiles) * p.m1 * s1, -1);
+        for (int32_t u = 0; u < DecodeFc1Units(p, tiles); ++u) {
+          const DecodeUnit w = DecodeUnitOf(p, tiles, u);
+          fc1_at[(static_cast<size_t>(w.tile) * p.m1 + w.block) * s1 + w.part] = u;
+        }
+        for (int32_t u = DecodeFc1Units(p, tiles); u < DecodeUnits(p, tiles); ++u) {
+          const DecodeUnit w = DecodeUnitOf(p, tiles, u);
+          int32_t first = 0, count = 0, lo = 0, hi = 0;
+          DecodePartSteps(p.k2, s2, w.part, &first, &count);
+          DecodeFc1BlocksOf(first, count, &lo, &hi);
+          std::set<int32_t> wanted;
+          for (int32_t kt = first; kt < first + count; ++kt) wanted.insert(kt * 64 / 128);  // h column / block width
+          ASSERT_EQ(static_cast<int32_t>(wanted.size()), hi - lo) << "unit " << u;
+          for (int32_t m = lo; m < hi; ++m) {
+            ASSERT_TRUE(wanted.count(m)) << "unit " << u << " block " << m;
+            ASSERT_LT(m, p.m1);
+            for (int32_t part = 0; part < s1; ++part) {
+              const int32_t at = fc1_at[(static_cast<size_t>(w.tile) * p.m1 + m) * s1 + part];
+              ASSERT_GE(at, 0);
+              ASSERT_LT(at, u);
+              ASSERT_LT(at, tiles * DecodeGroupStart(p, w.part + 1) * s1) << "FC2 unit " << u << " waits late";
+            }
+          }
+          // FC2 goes part by part.
+          if (u > DecodeFc1Units(p, tiles)) EXPECT_GE(w.part, DecodeUnitOf(p, tiles, u - 1).part);
+        }
+      }
+    }
+  }
+}
+
+TEST(DecodePlan, PartsCoverEachReductionOnce) {
+  for (int32_t k = 1; k <= 120; ++k) {
+    for (int32_t s = 1; s <= kDecodeMaxSplit; ++s) {
+      int32_t next = 0;
+      for (int32_t part = 0; part < s; ++part) {
+        int32_t first = 0, count = 0;
+        DecodePartSteps(k, s, part, &first, &count);
+        ASSERT_EQ(first, next) << "k=" << k << " s=" << s << " part " << part;
+        ASSERT_GE(count, 0);
+        ASSERT_LE(count, (k + s - 1) / s);
+        next = first + count;
+      }
+      ASSERT_EQ(next, k) << "k=" << k << " s=" << s;
+    }
+  }
+}
+
+// The parts chosen for a call: a power of two, s * pairs <= kDecodeSplitPairs, at least
+// kDecodeMinPartSteps steps each; so the sums of any call of at most P pairs fit
+// DecodePartialBound(P), which never falls as P grows (the workspace of T serves fewer tokens).
+TEST(DecodePlan, PartsKeepTheirSumsWithinTheWorkspaceBound) {
+  for (const auto& [k, i] : kShapes) {
+    const DecodePlan base = PlanOf(k, i, 1, 1);
+    int64_t last_bound = 0;
+    for (int64_t pairs = 1; pairs <= kDecodeMaxPairs; ++pairs) {
+      const int32_t s1 = DecodeSplitFor(pairs, base.k1), s2 = DecodeSplitFor(pairs, base.k2);
+      for (int32_t s : {s1, s2}) {
+        EXPECT_EQ(s & (s - 1), 0);
+        EXPECT_LE(s, kDecodeMaxSplit);
+        if (s > 1) EXPECT_LE(s * pairs, kDecodeSplitPairs);
+      }
+      if (s1 > 1) EXPECT_GE(base.k1, s1 * kDecodeMinPartSteps);
+      if (s2 > 1) EXPECT_GE(base.k2, s2 * kDecodeMinPartSteps);
+      const DecodePlan p = PlanOf(k, i, s1, s2);
+      const int64_t bound = DecodePartialBound(p.m1, p.m2, pairs);
+      EXPECT_LE(DecodePartialFloats(p, pairs), bound) << "K=" << k << " I=" << i << " pairs=" << pairs;
+      EXPECT_GE(bound, last_bound);
+      last_bound = bound;
+      EXPECT_EQ(DecodeFc1PartialFloats(p, pairs), s1 > 1 ? int64_t{p.m1} * s1 * pairs * kDecodeBlockRows : 0);
+    }
+  }
+  // Kimi-K3 at T = 1 (16 pairs): four parts of 14 FC1 / 12 FC2 steps, 1536 + 896 units for 16 tiles;
+  // T = 4 (64 pairs) runs whole tiles; GPT-OSS-120B at T = 1 (4 pairs) eight parts.
+  EXPECT_EQ(DecodeSplitFor(16, 56), 4);
+  EXPECT_EQ(DecodeSplitFor(16, 48), 4);
+  EXPECT_EQ(DecodeUnits(PlanOf(3584, 3072, 4, 4), 16), 1536 + 896);
+  EXPECT_EQ(DecodeSplitFor(64, 56), 1);
+  EXPECT_EQ(DecodeSplitFor(4, 45), 8);
+  EXPECT_EQ(DecodeSplitFor(4, 20), 4);  // at least 4 steps a part
+}
+
+TEST(DecodePlan, SyncWordsAreLaidOutWithoutOverlap) {
+  const DecodePlan p = PlanOf(3584, 3072, 4, 4);
+  for (int64_t tiles : {1, 16, 256}) {
+    EXPECT_EQ(DecodeFc2ArrivalsAt(p, tiles), tiles * p.m1);  // FC1's arrivals end here
+    EXPECT_EQ(DecodeReadyAt(p, tiles), DecodeFc2ArrivalsAt(p, tiles) + tiles * p.m2);
+    EXPECT_EQ(DecodeSyncWords(p, tiles), DecodeReadyAt(p, tiles) + tiles * p.m1);
+  }
+}
+
+}  // namespace
+}  // namespace mxmoe::cuda

@@ -1,0 +1,195 @@
+// n8f, both GEMMs of a decode call in one persistent kernel (sm90/moe_decode.cu, perf-log v21):
+// against the references on layers whose reductions split into parts and on layers where they do
+// not, for every routing pattern, on tensor- and expert-parallel slices, in CUDA graphs, and in a
+// workspace full of garbage (the synchronization words must be cleared by the call itself).
+// Calls of more than kDecodeMaxPairs pairs run n8's two kernels under the same name.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/compare.h"
+#include "common/moe_run.h"
+#include "cuda/decode_plan.h"
+#include "cuda/heuristics.h"
+#include "cuda/moe_kernels.h"
+#include "gpu/gpu_harness.h"
+#include "gpu/tolerance.h"
+#include "mxmoe/cuda.h"
+#include "mxmoe/synthetic.h"
+
+namespace mxmoe::test {
+namespace {
+
+struct ForcedN8f {
+  ForcedN8f() { cuda::ForceGemmConfig(static_cast<int>(cuda::GemmConfigId::kN8f)); }
+  ~ForcedN8f() { cuda::ForceGemmConfig(-1); }
+};
+
+SyntheticInput Input(const LayerShape& s, int64_t t, RoutingPattern p, uint64_t seed) {
+  SyntheticInput in;
+  MakeSyntheticInput(s, t, p, seed, &in);
+  return in;
+}
+
+constexpr RoutingPattern kPatterns[] = {RoutingPattern::kUniform, RoutingPattern::kOneExpert,
+                                        RoutingPattern::kFewExperts, RoutingPattern::kWithInvalid,
+                                        RoutingPattern::kHeavyHitters};
+
+// The fp32 output twice (bit for bit the same) and the bf16 output once, the fp32 one against ref.
+void ExpectRunsMatch(DeviceCase& dc, const std::vector<float>& ref, const LayerShape& s, int64_t pair_width) {
+  const int64_t t = dc.tokens();
+  const auto a = dc.RunF32();
+  EXPECT_TRUE(MoeCloseF32(a, ref, {t, s.hidden}, pair_width));
+  EXPECT_TRUE(BitwiseEqual(dc.RunF32(), a, {t, s.hidden}));
+  EXPECT_TRUE(AllWritten(dc.RunBf16(), {t, s.hidden}));
+}
+
+// Small layers against the CPU reference. Parts per GEMM (decode_plan.h, DecodeSplitFor) at T = 1:
+// K = 992 (16 steps) FC1 in 4 parts, I = 320 (5 steps) FC2 whole; K = 256 and I = 160 (4 and 3
+// steps) whole; the rest whole too. T = 64 at k = 4 and 6 is past kDecodeMaxPairs: n8's kernels.
+TEST(CudaFusedDecode, SmallLayersMatchCpuReference) {
+  MXMOE_REQUIRE_SM90();
+  struct Case {
+    LayerShape shape;
+    ActivationType kind;
+  };
+  const Case cases[] = {{{8, 992, 320, 4}, ActivationType::Situ},
+                        {{16, 256, 160, 6}, ActivationType::SwigluBias},
+                        {{6, 96, 96, 3}, ActivationType::GegluTanh},
+                        {{4, 320, 32, 2}, ActivationType::Swiglu}};
+  const ForcedN8f forced;
+  uint64_t seed = 2100;
+  for (const Case& c : cases) {
+    const LayerShape& s = c.shape;
+    ExpertSet set = SyntheticSet(s, SpecFor(c.kind, s.num_experts), ++seed, {}, c.kind == ActivationType::SwigluBias);
+    auto moe = MakeCudaMoe(set);
+    ASSERT_TRUE(moe);
+    for (int64_t t : {1, 2, 5, 16, 64}) {
+      EXPECT_EQ(moe->Plan(t), "n8f");
+      for (RoutingPattern pat : kPatterns) {
+        const SyntheticInput in = Input(s, t, pat, ++seed);
+        SCOPED_TRACE(std::string(ActivationName(c.kind)) + " " + RoutingPatternName(pat) + " T=" + std::to_string(t) +
+                     " K=" + std::to_string(s.hidden) + " I=" + std::to_string(s.intermediate));
+        DeviceCase dc(*moe, in);
+        ExpectRunsMatch(dc, ReferenceF32(set, InputOf(in)), s, s.top_k * s.intermediate);
+      }
+    }
+  }
+}
+
+// Kimi-K3's expert shape (32 of its experts): FC1 and FC2 in 4 parts at T = 1, 2 at T = 2, whole
+// from T = 4; up to 256 pairs (T = 16). Against the unfused GPU reference, and against n8.
+TEST(CudaFusedDecode, KimiShapedCallsMatchGpuReference) {
+  MXMOE_REQUIRE_SM90();
+  LayerShape s = kKimiK3Shape;
+  s.num_experts = 32;
+  ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 2200);
+  auto moe = MakeCudaMoe(set);
+  ASSERT_TRUE(moe);
+  uint64_t seed = 2200;
+  for (int64_t t : {1, 2, 3, 4, 8, 16}) {
+    for (RoutingPattern pat : {RoutingPattern::kUniform, RoutingPattern::kOneExpert, RoutingPattern::kWithInvalid,
+                               RoutingPattern::kHeavyHitters}) {
+      SCOPED_TRACE(std::string(RoutingPatternName(pat)) + " T=" + std::to_string(t));
+      DeviceCase dc(*moe, Input(s, t, pat, ++seed));
+      const auto ref = dc.RunF32(/*reference=*/true);
+      std::vector<float> n8;
+      {
+        cuda::ForceGemmConfig(static_cast<int>(cuda::GemmConfigId::kN8));
+        n8 = dc.RunF32();
+        cuda::ForceGemmConfig(-1);
+      }
+      const ForcedN8f forced;
+      ASSERT_EQ(moe->Plan(t), "n8f");
+      ExpectRunsMatch(dc, ref, s, s.top_k * s.intermediate);
+      EXPECT_TRUE(MoeCloseF32(dc.RunF32(), n8, {t, s.hidden}, s.top_k * s.intermediate)) << "against n8";
+    }
+  }
+}
+
+// The synchronization words live in the workspace and are cleared by each call's input
+// quantization: a workspace of 0xFF bytes (every flag raised, every count -1) gives the same bits,
+// and so do calls of other sizes in between (their words lie elsewhere: the layout follows the
+// call's tile bound).
+TEST(CudaFusedDecode, GarbageWorkspaceAndOtherCallsLeaveTheBitsAlone) {
+  MXMOE_REQUIRE_SM90();
+  LayerShape s = kKimiK3Shape;
+  s.num_experts = 24;
+  ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 2300);
+  auto moe = MakeCudaMoe(set);
+  ASSERT_TRUE(moe);
+  const ForcedN8f forced;
+  DeviceCase big(*moe, Input(s, 16, RoutingPattern::kHeavyHitters, 2301));  // WorkspaceSize(16)
+  const auto big_clean = big.RunF32();
+  for (int64_t t : {1, 2, 7}) {
+    SCOPED_TRACE("T=" + std::to_string(t));
+    DeviceCase small(*moe, Input(s, t, RoutingPattern::kUniform, 2302 + t));
+    const auto clean = small.RunF32();
+    ASSERT_EQ(cudaMemset(big.workspace(), 0xFF, big.workspace_bytes()), cudaSuccess);
+    small.Poison();
+    const Status st = moe->Run(small.Input(), small.Output(OutputDType::kF32), big.workspace(), big.workspace_bytes(),
+                               nullptr);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_TRUE(BitwiseEqual(small.Fetch<float>(), clean, {t, s.hidden}));
+    EXPECT_TRUE(BitwiseEqual(big.RunF32(), big_clean, {16, s.hidden}));
+  }
+}
+
+// Captured once, replayed on new inputs: each replay clears its own words.
+TEST(CudaFusedDecode, GraphReplaysEqualEager) {
+  MXMOE_REQUIRE_SM90();
+  LayerShape s = kKimiK3Shape;
+  s.num_experts = 24;
+  ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 2400);
+  auto moe = MakeCudaMoe(set);
+  ASSERT_TRUE(moe);
+  const ForcedN8f forced;
+  for (int64_t t : {1, 16}) {
+    SCOPED_TRACE("T=" + std::to_string(t));
+    DeviceCase dc(*moe, Input(s, t, RoutingPattern::kUniform, 2401 + t));
+    CapturedCall captured(dc, OutputDType::kBF16);
+    ASSERT_TRUE(captured.status().ok()) << captured.status().ToString();
+    for (RoutingPattern pat : {RoutingPattern::kHeavyHitters, RoutingPattern::kOneExpert, RoutingPattern::kUniform}) {
+      dc.Upload(Input(s, t, pat, 2410 + t + static_cast<int>(pat)));
+      dc.Poison(captured.stream());
+      captured.Replay(3);
+      const auto replayed = dc.Fetch<uint16_t>();
+      EXPECT_TRUE(AllWritten(replayed, {t, s.hidden}));
+      EXPECT_TRUE(BitwiseEqualBf16(replayed, dc.RunBf16(), {t, s.hidden})) << RoutingPatternName(pat);
+      EXPECT_TRUE(MoeCloseBf16(replayed, dc.RunBf16(/*reference=*/true), {t, s.hidden}, s.top_k * s.intermediate));
+    }
+  }
+}
+
+// Expert- and tensor-parallel slices: each rank's output against the CPU reference of its slice
+// (other ranks' pairs sort last and make no tiles; a TP slice has fewer FC1 row blocks and steps).
+TEST(CudaFusedDecode, SlicesMatchTheirCpuReference) {
+  MXMOE_REQUIRE_SM90();
+  const LayerShape s{64, 512, 256, 6};
+  const ActivationSpec act = SpecFor(ActivationType::Situ, s.num_experts);
+  const ForcedN8f forced;
+  for (int64_t t : {2, 16, 40}) {
+    const SyntheticInput in = Input(s, t, RoutingPattern::kHeavyHitters, 2500 + t);
+    for (const auto& [ep, tp] : {std::pair{4, 1}, std::pair{1, 2}, std::pair{2, 2}}) {
+      for (int r = 0; r < ep * tp; ++r) {
+        ParallelSlice slice;
+        slice.ep_size = ep;
+        slice.ep_rank = r / tp;
+        slice.tp_size = tp;
+        slice.tp_rank = r % tp;
+        SCOPED_TRACE("T=" + std::to_string(t) + " EP " + std::to_string(ep) + " TP " + std::to_string(tp) + " rank " +
+                     std::to_string(r));
+        ExpertSet set = SyntheticSet(s, act, 2550, slice);
+        auto moe = MakeCudaMoe(set);
+        ASSERT_TRUE(moe);
+        DeviceCase dc(*moe, in);
+        ExpectRunsMatch(dc, ReferenceF32(set, InputOf(in)), s, s.top_k * s.intermediate / tp);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mxmoe::test
