@@ -197,12 +197,11 @@ class KernelPath {
   // The workspace of the fused decode kernel for calls of up to `pairs` pairs (0: the path has
   // none), non-decreasing in pairs.
   virtual size_t DecodeBytes(int64_t /*pairs*/) const { return 0; }
-  // Whether a call of `pairs` pairs (its routing in LaunchPrepareAndRoute, *pp) runs the fused
-  // decode kernel under `choice`; if so, marks *call and points pp's cleared words at its buffers.
-  virtual bool PlanFusedDecode(const GemmChoice& /*choice*/, int64_t /*pairs*/, GemmCall* /*call*/,
-                               cuda::PrepareParams* /*pp*/) const {
-    return false;
-  }
+  // Whether a call (or chunk) of `pairs` pairs runs the fused decode kernel under `choice`.
+  virtual bool FusesDecode(const GemmChoice& /*choice*/, int64_t /*pairs*/) const { return false; }
+  // For a call that does (FusesDecode; its routing in LaunchPrepareAndRoute, *pp): its buffers in
+  // *call, and pp's cleared words pointed at them.
+  virtual void PlanFusedDecode(int64_t /*pairs*/, GemmCall* /*call*/, cuda::PrepareParams* /*pp*/) const {}
 
  protected:
   cuda::LayerDims dims_;
@@ -292,8 +291,6 @@ class Sm90Path final : public KernelPath {
       g1.b_rows = max_rows;
     }
     g1.m_tiles = m_tiles13;
-    MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchGemm(id, true, g1, m_tiles13 * call.max_tiles, stream),
-                                    std::string("FC1 grouped GEMM (") + choice.name + ")"));
     cuda::GemmParams g2 = g;
     if (call.fc2_pairs != nullptr) g2.sorted_pairs = call.fc2_pairs;
     if (call.fc2_weights != nullptr) g2.topk_weights = call.fc2_weights;
@@ -316,6 +313,8 @@ class Sm90Path final : public KernelPath {
         d.partials = reinterpret_cast<float*>(call.decode_ws + DecodeSyncBytes(d.plan, call.max_tiles));
       return CudaCheck(cuda::LaunchFusedDecode(d, stream), "fused decode GEMMs (" + choice.name + ")");
     }
+    MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchGemm(id, true, g1, m_tiles13 * call.max_tiles, stream),
+                                    std::string("FC1 grouped GEMM (") + choice.name + ")"));
     return CudaCheck(cuda::LaunchGemm(static_cast<cuda::GemmConfigId>(choice.config_fc2), false, g2,
                                       m_tiles2 * call.max_tiles, stream),
                      std::string("FC2 grouped GEMM (") + choice.name + ")");
@@ -335,15 +334,15 @@ class Sm90Path final : public KernelPath {
     return DecodeSyncBytes(plan, pairs) +
            static_cast<size_t>(cuda::DecodePartialBound(plan.m1, plan.m2, pairs)) * sizeof(float);
   }
-  bool PlanFusedDecode(const GemmChoice& choice, int64_t pairs, GemmCall* call, cuda::PrepareParams* pp) const override {
+  bool FusesDecode(const GemmChoice& choice, int64_t pairs) const override {
     const int n8f = static_cast<int>(cuda::GemmConfigId::kN8f);
-    if (choice.config != n8f || choice.config_fc2 != n8f || call->decode_ws == nullptr ||
-        pairs > cuda::kDecodeMaxPairs || call->max_tiles > pairs)
-      return false;
+    return choice.config == n8f && choice.config_fc2 == n8f && pairs <= cuda::kDecodeMaxPairs;
+  }
+  void PlanFusedDecode(int64_t pairs, GemmCall* call, cuda::PrepareParams* pp) const override {
+    call->fused_decode = true;
     call->decode_pairs = pairs;
     pp->zero = reinterpret_cast<int32_t*>(call->decode_ws);
     pp->zero_words = cuda::DecodeSyncWords(DecodePlanOf(pairs), call->max_tiles);
-    return true;
   }
 
  private:
@@ -520,7 +519,12 @@ class CudaMoeImpl final : public CudaMoe {
       return path_->Choose(choice).name + " x" + std::to_string(ranges) + " pair chunks";
     }
     const cuda::LaunchChoice choice = cuda::ChooseLaunch(dims_, num_tokens, max_chunk_run_);
-    std::string plan = path_->Choose(choice).name;
+    const GemmChoice gemm = path_->Choose(choice);
+    std::string plan = gemm.name;
+    // n8f past kDecodeMaxPairs runs n8's two kernels.
+    if (gemm.config == static_cast<int>(cuda::GemmConfigId::kN8f) &&
+        !path_->FusesDecode(gemm, choice.chunk_tokens * dims_.top_k))
+      plan += " as n8";
     if (choice.num_chunks > 1) plan += " x" + std::to_string(choice.num_chunks) + " chunks";
     return plan;
   }
@@ -962,7 +966,10 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
     rp.warp_max = cuda::WarpRouteEnabled() ? cuda::kWarpRoutePairs : 0;
     // Tiles <= pairs / tile + one partial tile per touched expert.
     call.max_tiles = std::min(pairs, (pairs + gemm.tile_tokens - 1) / gemm.tile_tokens + std::min(n_local, pairs));
-    call.fused_decode = fused_routing && path_->PlanFusedDecode(gemm, pairs, &call, &pp);
+    // (Only LaunchPrepareAndRoute clears the fused decode kernel's words: kDecodeMaxPairs <=
+    // kFusedRoutePairs.)
+    call.fused_decode = false;
+    if (fused_routing && path_->FusesDecode(gemm, pairs)) path_->PlanFusedDecode(pairs, &call, &pp);
     if (fused_routing) {
       MXMOE_RETURN_IF_ERROR(
           CudaCheck(cuda::LaunchPrepareAndRoute(pp, rp, stream), "input quantization / routing kernel (small calls)"));

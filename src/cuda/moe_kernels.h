@@ -120,6 +120,7 @@ cudaError_t LaunchRouteSmall(const RouteSmallParams& p, cudaStream_t stream);
 // p.pair_ids are not written) and LaunchRouteSmall in one launch, the keys computed from
 // p.topk_ids. rp.keys is not read; rp.n must be p.num_tokens * p.top_k.
 inline constexpr int kFusedRoutePairs = 256;
+static_assert(kDecodeMaxPairs <= kFusedRoutePairs, "only LaunchPrepareAndRoute clears the fused decode kernel's words");
 cudaError_t LaunchPrepareAndRoute(const PrepareParams& p, const RouteSmallParams& rp, cudaStream_t stream);
 
 // xs[pos, :K] = xq[sorted_pairs[pos] / top_k, :K] for the first *valid_rows sorted positions (of
@@ -276,9 +277,12 @@ struct DecodeParams {
   int32_t pairs = 0;        // the call's pairs: positions of the partial sums
 };
 cudaError_t LaunchFusedDecode(const DecodeParams& d, cudaStream_t stream);
+// Fused decode launches so far in this process (the tests' proof that the fused path ran).
+int64_t FusedDecodeLaunches();
 // The persistent FC1 kernel of wg128 (perf-log v7), one CTA per SM: used when on (set at start from
-// MXMOE_FC1_PERSISTENT=1|0, default kPersistentFc1Default); LimitPersistentCtas(n) caps it at n CTAs
-// (so that the tests walk many items through each CTA on small layers), 0 lifts the cap.
+// MXMOE_FC1_PERSISTENT=1|0, default kPersistentFc1Default); LimitPersistentCtas(n) caps it and the
+// fused decode kernel (n8f) at n CTAs (so that the tests walk many items through each CTA on small
+// layers), 0 lifts the cap.
 inline constexpr bool kPersistentFc1Default = false;
 void SetPersistentFc1(bool on);
 bool PersistentFc1Enabled();

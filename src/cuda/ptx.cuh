@@ -107,6 +107,22 @@ __device__ __forceinline__ void StoreReleaseGpu(int32_t* p, int32_t v) {
   asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 #endif
 }
+// *p += v as one atomic with acquire and release semantics at GPU scope; returns the old value.
+__device__ __forceinline__ int32_t AtomicAddAcqRelGpu(int32_t* p, int32_t v) {
+  int32_t old = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+#endif
+  return old;
+}
+// The global nanosecond timer (PTX ISA, %globaltimer).
+__device__ __forceinline__ uint64_t GlobalTimerNs() {
+  uint64_t t = 0;
+#if defined(__CUDA_ARCH__)
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+#endif
+  return t;
+}
 // 16 bytes from shared memory at a shared-window address.
 __device__ __forceinline__ uint4 LdShared128(uint32_t smem_addr) {
   uint4 v;

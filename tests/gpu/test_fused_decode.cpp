@@ -37,18 +37,26 @@ constexpr RoutingPattern kPatterns[] = {RoutingPattern::kUniform, RoutingPattern
                                         RoutingPattern::kFewExperts, RoutingPattern::kWithInvalid,
                                         RoutingPattern::kHeavyHitters};
 
-// The fp32 output twice (bit for bit the same) and the bf16 output once, the fp32 one against ref.
-void ExpectRunsMatch(DeviceCase& dc, const std::vector<float>& ref, const LayerShape& s, int64_t pair_width) {
-  const int64_t t = dc.tokens();
+// The fp32 output twice (bit for bit the same) and the bf16 output once, the fp32 one against ref;
+// each call through the fused kernel when the call has at most kDecodeMaxPairs pairs (its launch
+// count proves it ran), else through n8's kernels.
+void ExpectRunsMatch(const CudaMoe& moe, DeviceCase& dc, const std::vector<float>& ref, int64_t pair_width) {
+  const int64_t t = dc.tokens(), hidden = moe.Layout().shape.hidden;
+  const bool fused = t * moe.Layout().shape.top_k <= cuda::kDecodeMaxPairs;
+  EXPECT_EQ(moe.Plan(t), fused ? "n8f" : "n8f as n8");
+  const int64_t launches = cuda::FusedDecodeLaunches();
   const auto a = dc.RunF32();
-  EXPECT_TRUE(MoeCloseF32(a, ref, {t, s.hidden}, pair_width));
-  EXPECT_TRUE(BitwiseEqual(dc.RunF32(), a, {t, s.hidden}));
-  EXPECT_TRUE(AllWritten(dc.RunBf16(), {t, s.hidden}));
+  EXPECT_TRUE(MoeCloseF32(a, ref, {t, hidden}, pair_width));
+  EXPECT_TRUE(BitwiseEqual(dc.RunF32(), a, {t, hidden}));
+  EXPECT_TRUE(AllWritten(dc.RunBf16(), {t, hidden}));
+  EXPECT_EQ(cuda::FusedDecodeLaunches() - launches, fused ? 3 : 0);
 }
 
 // Small layers against the CPU reference. Parts per GEMM (decode_plan.h, DecodeSplitFor) at T = 1:
-// K = 992 (16 steps) FC1 in 4 parts, I = 320 (5 steps) FC2 whole; K = 256 and I = 160 (4 and 3
-// steps) whole; the rest whole too. T = 64 at k = 4 and 6 is past kDecodeMaxPairs: n8's kernels.
+// K = 992 (16 steps) FC1 in 4 parts, I = 320 (5 steps) FC2 whole; K = I = 2112 (33 steps) 8 parts
+// of 5 steps, the last one empty, and FC2 parts that end inside an FC1 row block (its 128
+// intermediates are FC2 steps 2 m and 2 m + 1); K = 256 and I = 160 (4 and 3 steps) whole; the rest
+// whole too. T = 64 at k = 6 is past kDecodeMaxPairs: n8's kernels.
 TEST(CudaFusedDecode, SmallLayersMatchCpuReference) {
   MXMOE_REQUIRE_SM90();
   struct Case {
@@ -56,6 +64,7 @@ TEST(CudaFusedDecode, SmallLayersMatchCpuReference) {
     ActivationType kind;
   };
   const Case cases[] = {{{8, 992, 320, 4}, ActivationType::Situ},
+                        {{8, 2112, 2112, 4}, ActivationType::Situ},
                         {{16, 256, 160, 6}, ActivationType::SwigluBias},
                         {{6, 96, 96, 3}, ActivationType::GegluTanh},
                         {{4, 320, 32, 2}, ActivationType::Swiglu}};
@@ -67,13 +76,12 @@ TEST(CudaFusedDecode, SmallLayersMatchCpuReference) {
     auto moe = MakeCudaMoe(set);
     ASSERT_TRUE(moe);
     for (int64_t t : {1, 2, 5, 16, 64}) {
-      EXPECT_EQ(moe->Plan(t), "n8f");
       for (RoutingPattern pat : kPatterns) {
         const SyntheticInput in = Input(s, t, pat, ++seed);
         SCOPED_TRACE(std::string(ActivationName(c.kind)) + " " + RoutingPatternName(pat) + " T=" + std::to_string(t) +
                      " K=" + std::to_string(s.hidden) + " I=" + std::to_string(s.intermediate));
         DeviceCase dc(*moe, in);
-        ExpectRunsMatch(dc, ReferenceF32(set, InputOf(in)), s, s.top_k * s.intermediate);
+        ExpectRunsMatch(*moe, dc, ReferenceF32(set, InputOf(in)), s.top_k * s.intermediate);
       }
     }
   }
@@ -102,8 +110,7 @@ TEST(CudaFusedDecode, KimiShapedCallsMatchGpuReference) {
         cuda::ForceGemmConfig(-1);
       }
       const ForcedN8f forced;
-      ASSERT_EQ(moe->Plan(t), "n8f");
-      ExpectRunsMatch(dc, ref, s, s.top_k * s.intermediate);
+      ExpectRunsMatch(*moe, dc, ref, s.top_k * s.intermediate);
       EXPECT_TRUE(MoeCloseF32(dc.RunF32(), n8, {t, s.hidden}, s.top_k * s.intermediate)) << "against n8";
     }
   }
@@ -134,6 +141,30 @@ TEST(CudaFusedDecode, GarbageWorkspaceAndOtherCallsLeaveTheBitsAlone) {
     ASSERT_TRUE(st.ok()) << st.ToString();
     EXPECT_TRUE(BitwiseEqual(small.Fetch<float>(), clean, {t, s.hidden}));
     EXPECT_TRUE(BitwiseEqual(big.RunF32(), big_clean, {16, s.hidden}));
+  }
+}
+
+// The parts' sums are added in part order whoever finishes last, so the result does not depend on
+// how many CTAs share the units: capped at 1 CTA (every unit in order, FC2 after all of FC1) and
+// 2 CTAs (FC2 units beside FC1 units of the same tile, waiting on their flags) it is the same bits.
+TEST(CudaFusedDecode, AnyNumberOfCtasGivesTheSameBits) {
+  MXMOE_REQUIRE_SM90();
+  LayerShape s = kKimiK3Shape;
+  s.num_experts = 24;
+  ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 2350);
+  auto moe = MakeCudaMoe(set);
+  ASSERT_TRUE(moe);
+  const ForcedN8f forced;
+  for (int64_t t : {1, 4}) {
+    DeviceCase dc(*moe, Input(s, t, RoutingPattern::kHeavyHitters, 2351 + t));
+    const auto all = dc.RunF32();
+    for (int ctas : {1, 2, 3}) {
+      SCOPED_TRACE("T=" + std::to_string(t) + ", " + std::to_string(ctas) + " CTAs");
+      cuda::LimitPersistentCtas(ctas);
+      const auto capped = dc.RunF32();
+      cuda::LimitPersistentCtas(0);
+      EXPECT_TRUE(BitwiseEqual(capped, all, {t, s.hidden}));
+    }
   }
 }
 
@@ -185,7 +216,7 @@ TEST(CudaFusedDecode, SlicesMatchTheirCpuReference) {
         auto moe = MakeCudaMoe(set);
         ASSERT_TRUE(moe);
         DeviceCase dc(*moe, in);
-        ExpectRunsMatch(dc, ReferenceF32(set, InputOf(in)), s, s.top_k * s.intermediate / tp);
+        ExpectRunsMatch(*moe, dc, ReferenceF32(set, InputOf(in)), s.top_k * s.intermediate / tp);
       }
     }
   }

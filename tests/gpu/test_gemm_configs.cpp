@@ -1,5 +1,5 @@
 // Every GEMM config of the SM90 path (mma.sync n8 / n8k2 / n8c2 / n8c4 / n32 / n64, the same fed by
-// TMA n32t / n8t, wgmma wg32x2d / wg64 / wg128 / wg128d / wg128d8 / wg128d4x2 / wg128d3x3 / wg128h),
+// TMA n32t / n8t, n8's tiles in one persistent kernel n8f, wgmma wg32x2d / wg64 / wg128 / wg128d / wg128d8 / wg128d4x2 / wg128d3x3 / wg128h),
 // against the CPU reference:
 // the heuristics alone would leave some configs untested on small shapes (and the wgmma ones only
 // on large shapes checked against the GPU reference).
@@ -129,7 +129,9 @@ TEST(CudaGemmConfigs, ConfigsAgreeOnAKimiShapedLayer) {
     const ForcedConfig forced(id);
     const char* name = cuda::GemmInfo(static_cast<cuda::GemmConfigId>(id)).name;
     SCOPED_TRACE(name);
-    EXPECT_EQ(moe->Plan(in.num_tokens), name);  // what the bench's rows report
+    // (What the bench's rows report; n8f past 256 pairs runs n8's kernels and says so.)
+    EXPECT_EQ(moe->Plan(in.num_tokens), id == static_cast<int>(cuda::GemmConfigId::kN8f) ? std::string(name) + " as n8"
+                                                                                          : std::string(name));
     EXPECT_TRUE(MoeCloseF32(dc.RunF32(), ref, {in.num_tokens, s.hidden}, s.top_k * s.intermediate));
   }
   // The heuristics' own choice (heuristics.cu): at T = 1 the 16 pairs touch ~10 of the 16 experts,

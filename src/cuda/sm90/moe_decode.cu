@@ -17,11 +17,13 @@
 //      last part to arrive goes on: it adds the parts' sums in part order;
 //   5. runs the epilogue (FC1: activation and re-quantization into h, then raises the flag of its
 //      row block; FC2: y).
-// Memory order: the sums and h are written, the CTA meets at a barrier, and thread 0 fences and
-// then counts in / raises the flag (release); the reader's thread 0 sees the count or flag, fences
-// (acquire), and the CTA meets at a barrier before it reads them through L2 (__ldcg, cp.async.cg).
+// Memory order: the sums and h are written, the CTA meets at a barrier, and thread 0 counts in
+// (an acq_rel atomic) or raises the flag (a release store); the reader's thread 0 sees the count
+// (the same atomic's acquire) or the flag (an acquire load), and the CTA meets at a barrier before
+// it reads them through L2 (__ldcg, cp.async.cg). CUTLASS's barrier arrive / wait has this shape.
 // No deadlock: a unit waits only for FC1 units, which wait for nothing and were all taken before
-// any FC2 unit, by CTAs that are running.
+// any FC2 unit, by CTAs that are running (whatever else shares the SMs). A flag that does not come
+// within 2 s traps instead of hanging.
 #include <algorithm>
 #include <atomic>
 
@@ -33,8 +35,23 @@ namespace mxmoe::cuda::sm90 {
 namespace {
 
 using DecodeConfig = ConfigN8;
+// 72 registers and 29 KB of stages a CTA: 7 share an SM (ptxas, perf-log v21).
+constexpr int kDecodeCtasPerSm = 7;
+// An FC1 flag not raised within this long means a broken invariant (the FC1 unit was taken before
+// by a running CTA and waits for nothing): trap rather than hang the device.
+constexpr uint64_t kWaitLimitNs = 2000000000ull;
 
-// Steps 3 to 5 of one unit, for every thread of the CTA.
+// Thread 0: until FC1 has raised *flag (acquire).
+__device__ __forceinline__ void WaitForFlag(const int32_t* flag) {
+  if (ptx::LoadAcquireGpu(flag) != 0) return;
+  const uint64_t start = ptx::GlobalTimerNs();
+  while (ptx::LoadAcquireGpu(flag) == 0) {
+    __nanosleep(128);
+    if (ptx::GlobalTimerNs() - start > kWaitLimitNs) __trap();
+  }
+}
+
+// Steps 2 to 5 of one unit, for every thread of the CTA.
 template <class Cfg, bool kFc1>
 __device__ __forceinline__ void RunDecodeUnit(const DecodeParams& d, const GemmParams& p, const DecodeUnit& w,
                                               uint8_t* smem, int32_t* smem_rows, int32_t* smem_last) {
@@ -53,10 +70,9 @@ __device__ __forceinline__ void RunDecodeUnit(const DecodeParams& d, const GemmP
     if (tid == 0) {
       int32_t lo = 0, hi = 0;
       DecodeFc1BlocksOf(k_first, k_tiles, &lo, &hi);
-      for (int32_t m = lo; m < hi; ++m)
-        while (ptx::LoadAcquireGpu(d.sync + ready_at + m) == 0) __nanosleep(128);
+      for (int32_t m = lo; m < hi; ++m) WaitForFlag(d.sync + ready_at + m);
     }
-    __syncthreads();
+    __syncthreads();  // (after thread 0's acquire: every thread's copies of h come after it)
   }
 
   StepLoader<Cfg::kBlockN, Cfg::kThreads> loader;
@@ -92,79 +108,90 @@ __device__ __forceinline__ void RunDecodeUnit(const DecodeParams& d, const GemmP
   if (parts > 1) {
     // The part's sums at [block][part][position][row] (decode_plan.h), the tile's real columns only.
     const int64_t plane = static_cast<int64_t>(d.pairs) * kDecodeBlockRows;
-    float* const base = d.partials + (kFc1 ? 0 : DecodeFc1PartialFloats(d.plan, d.pairs)) +
-                        static_cast<int64_t>(w.block) * parts * plane;
+    const float* const base = d.partials + (kFc1 ? 0 : DecodeFc1PartialFloats(d.plan, d.pairs)) +
+                              static_cast<int64_t>(w.block) * parts * plane;
     const int g = lane >> 2, c = lane & 3;
-    auto at = [&](int f, int half, int q) {
-      return static_cast<int64_t>(tc.seg_begin + 2 * c + q) * kDecodeBlockRows + (warp * Cfg::kMFrags + f) * kTileRows +
-             g + 8 * half;
-    };
+    const int64_t mine = static_cast<int64_t>(tc.seg_begin + 2 * c) * kDecodeBlockRows + warp * Cfg::kMFrags * kTileRows + g;
+    auto at = [&](int f, int half, int q) { return mine + q * kDecodeBlockRows + f * kTileRows + 8 * half; };
     if (warp_active) {
+      float* const slab = const_cast<float*>(base) + w.part * plane;
 #pragma unroll
       for (int f = 0; f < Cfg::kMFrags; ++f)
 #pragma unroll
         for (int half = 0; half < 2; ++half)
 #pragma unroll
           for (int q = 0; q < 2; ++q)
-            if (2 * c + q < tc.n_valid) __stcg(base + w.part * plane + at(f, half, q), acc[f][0][2 * half + q]);
+            if (2 * c + q < tc.n_valid) __stcg(slab + at(f, half, q), acc[f][0][2 * half + q]);
     }
+    // The CTA's stores, then thread 0's count (release: the barrier orders the other threads' stores
+    // before it); the last part's count also acquires the others' sums for the CTA (the barrier).
     __syncthreads();
     if (tid == 0) {
       const int64_t arrivals = (kFc1 ? 0 : DecodeFc2ArrivalsAt(d.plan, d.max_tiles)) +
                                static_cast<int64_t>(w.tile) * (kFc1 ? d.plan.m1 : d.plan.m2) + w.block;
-      __threadfence();
-      *smem_last = atomicAdd(d.sync + arrivals, 1) == parts - 1 ? 1 : 0;
-      __threadfence();
+      *smem_last = ptx::AtomicAddAcqRelGpu(d.sync + arrivals, 1) == parts - 1 ? 1 : 0;
     }
     __syncthreads();
     if (*smem_last == 0) return;  // (uniform) another part finishes the tile
     if (warp_active) {
+      // Part by part, each adding its 16 sums at once (16 loads in flight), in part order.
+      ZeroAccumulators(acc);
+#pragma unroll 1
+      for (int part = 0; part < parts; ++part) {
+        const float* const slab = base + part * plane;
+        float v[Cfg::kMFrags][2][2];
 #pragma unroll
-      for (int f = 0; f < Cfg::kMFrags; ++f)
+        for (int f = 0; f < Cfg::kMFrags; ++f)
 #pragma unroll
-        for (int half = 0; half < 2; ++half)
+          for (int half = 0; half < 2; ++half)
 #pragma unroll
-          for (int q = 0; q < 2; ++q) {
-            float sum = 0.0f;
-            if (2 * c + q < tc.n_valid) {
-              for (int part = 0; part < parts; ++part) sum += __ldcg(base + part * plane + at(f, half, q));
-            }
-            acc[f][0][2 * half + q] = sum;
-          }
+            for (int q = 0; q < 2; ++q) v[f][half][q] = 2 * c + q < tc.n_valid ? __ldcg(slab + at(f, half, q)) : 0.0f;
+#pragma unroll
+        for (int f = 0; f < Cfg::kMFrags; ++f)
+#pragma unroll
+          for (int half = 0; half < 2; ++half)
+#pragma unroll
+            for (int q = 0; q < 2; ++q) acc[f][0][2 * half + q] += v[f][half][q];
+      }
     }
   }
   // (The stages become the FC1 epilogue's planes: every copy has landed, and its first barrier
   // waits until every warp is past its last step.)
   MmaTileEpilogue<Cfg, kFc1>(p, tc, groups, acc, warp_active, warp, warp, lane, smem);
   if constexpr (kFc1) {
-    __syncthreads();  // every thread's h stores are done
-    if (tid == 0) {
-      __threadfence();
-      ptx::StoreReleaseGpu(d.sync + ready_at + w.block, 1);
-    }
+    __syncthreads();  // every thread's h stores are done: the release below covers them
+    if (tid == 0) ptx::StoreReleaseGpu(d.sync + ready_at + w.block, 1);
   }
 }
 
 template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads) MoeDecodeKernel(const __grid_constant__ DecodeParams d) {
+__global__ void __launch_bounds__(Cfg::kThreads, kDecodeCtasPerSm) MoeDecodeKernel(const __grid_constant__ DecodeParams d) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900)
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ int32_t smem_rows[Cfg::kBlockN];
   __shared__ int32_t smem_unit, smem_last;
   ptx::EnterPipelineKernel();
   const int32_t tiles = *d.fc1.num_tiles;
+  if (tiles > d.max_tiles) __trap();  // (the words' layout holds max_tiles tiles; the routing keeps to it)
   const int32_t units = DecodeUnits(d.plan, tiles);
-  for (;;) {
-    if (threadIdx.x == 0) smem_unit = atomicAdd(d.fc1.work_counter, 1);
-    __syncthreads();
-    const int32_t u = smem_unit;
-    if (u >= units) return;  // (uniform)
+  if (threadIdx.x == 0) smem_unit = atomicAdd(d.fc1.work_counter, 1);
+  __syncthreads();
+  int32_t u = smem_unit;
+  while (u < units) {  // (uniform)
+    // The next unit is taken now, its atomic's latency hidden behind this unit. (No deadlock from
+    // holding it: a CTA on an FC1 unit waits for nothing, and one on an FC2 unit holds an FC2 one,
+    // which nothing waits for.)
+    int32_t next = 0;
+    if (threadIdx.x == 0) next = atomicAdd(d.fc1.work_counter, 1);
     const DecodeUnit w = DecodeUnitOf(d.plan, tiles, u);
     if (w.fc1) RunDecodeUnit<Cfg, true>(d, d.fc1, w, smem, smem_rows, &smem_last);
     else RunDecodeUnit<Cfg, false>(d, d.fc2, w, smem, smem_rows, &smem_last);
-    // Every thread has read smem_unit and smem_last, and is done with the stages and the planes,
-    // before thread 0 takes the next unit and the copies refill them.
+    // Every thread is done with the unit (smem_unit, smem_last, the stages and the planes) before
+    // thread 0 hands out the next one and the copies refill the stages.
     __syncthreads();
+    if (threadIdx.x == 0) smem_unit = next;
+    __syncthreads();
+    u = smem_unit;
   }
 #else
   __trap();  // built for SM90 only; cuda_moe.cu refuses other devices before launching
@@ -193,8 +220,8 @@ cudaError_t PrepareN8f() {
 
 template <class Cfg>
 GemmConfigInfo InfoN8fOf(const char* name) {
-  return {name, Cfg::kBlockM, Cfg::kBlockN, Cfg::kThreads, Cfg::kStages, Cfg::kSmemBytes, false, 0, false,
-          &DecodeResidentCtas};
+  return {name, Cfg::kBlockM, Cfg::kBlockN, Cfg::kThreads, Cfg::kStages, Cfg::kSmemBytes, false, kDecodeCtasPerSm,
+          false, &DecodeResidentCtas};
 }
 
 }  // namespace
@@ -204,6 +231,10 @@ MXMOE_DEFINE_GEMM_CONFIG(N8f, DecodeConfig, "n8f", LaunchN8f, PrepareN8f, InfoN8
 }  // namespace mxmoe::cuda::sm90
 
 namespace mxmoe::cuda {
+
+namespace {
+std::atomic<int64_t> g_fused_decode_launches{0};
+}  // namespace
 
 cudaError_t LaunchFusedDecode(const DecodeParams& d, cudaStream_t stream) {
   using Cfg = sm90::DecodeConfig;
@@ -234,9 +265,14 @@ cudaError_t LaunchFusedDecode(const DecodeParams& d, cudaStream_t stream) {
     slots = sms * per_sm;
     if (device >= 0 && device < 64) slots_of[device].store(slots, std::memory_order_relaxed);
   }
-  const int64_t ctas = std::min<int64_t>(units, slots);
-  return LaunchKernel(sm90::MoeDecodeKernel<Cfg>, dim3(static_cast<unsigned>(ctas)), dim3(Cfg::kThreads),
-                      Cfg::kSmemBytes, stream, d);
+  int64_t ctas = std::min<int64_t>(units, slots);
+  if (const int limit = PersistentCtaLimit(); limit > 0 && limit < ctas) ctas = limit;
+  const cudaError_t e = LaunchKernel(sm90::MoeDecodeKernel<Cfg>, dim3(static_cast<unsigned>(ctas)),
+                                     dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, d);
+  if (e == cudaSuccess) g_fused_decode_launches.fetch_add(1, std::memory_order_relaxed);
+  return e;
 }
+
+int64_t FusedDecodeLaunches() { return g_fused_decode_launches.load(std::memory_order_relaxed); }
 
 }  // namespace mxmoe::cuda
