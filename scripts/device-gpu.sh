@@ -3,10 +3,11 @@
 # CLI (its `mxmoe bench` is the benchmark), check registers/SASS, run the GPU tests, a
 # compute-sanitizer pass on a small case, and the benchmark. Full logs go to $OUT (or
 # ./device-out); a short table is printed last.
-#   scripts/device-gpu.sh [all|build|test|sanitize|bench|profile|bench2|kprofile|dprofile|sprofile|sm120|ab|phases|pipes] ...
+#   scripts/device-gpu.sh [all|build|test|sanitize|bench|profile|bench2|kprofile|dprofile|sprofile|sm120|ab|phases|pipes|timeline] ...
 #   (default: all; sprofile, per-instruction stall samples, sm120, the SM120 path in emulation
 #   and its sm_120a SASS, ab, a compile-time variant against the default, phases, the GEMM
-#   CTAs' cycles by phase, and pipes, the GEMM kernels' pipe and issue shares, only when named)
+#   CTAs' cycles by phase, pipes, the GEMM kernels' pipe and issue shares, and timeline, a call's
+#   routing / GEMM / combine times from CUDA events, only when named)
 #   EXTRA_CUDA_FLAGS adds nvcc flags (e.g. -DMXMOE_DEBUG_MBAR_TIMEOUT); GTEST_FILTER=... narrows the suite; BENCH_ARGS="--shapes kimi-k3 --tokens 1,8" narrows the
 #   benchmark (default: the whole sweep of `make bench`, with the PyTorch peer and the report).
 set -uo pipefail
@@ -15,7 +16,7 @@ OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
 STAGES=${*:-all}
 BUILD=build-gpu
-GEMM_KERNELS='Moe(Gemm|Wgmma)Kernel'  # the fused GEMMs' kernel names, as a regex (FC1 launches first)
+GEMM_KERNELS='Moe(Gemm|Wgmma|Decode)Kernel'  # the fused GEMMs' kernel names, as a regex (FC1 launches first; n8f's MoeDecodeKernel runs both)
 # (named to sort first: the device tool returns only the first few files of $OUT in name order)
 SUMMARY="$OUT/00summary.txt"
 : > "$SUMMARY"
@@ -34,17 +35,17 @@ configure_sm90() {
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /' | tee -a "$SUMMARY"
 
 if want build || want test || want sanitize || want bench || want profile || want bench2 || want kprofile || want dist \
-   || named sprofile || named pipes; then
+   || named sprofile || named pipes || named timeline; then
   t0=$(secs)
   configure_sm90 "$BUILD" "$OUT/configure.log" || { note "configure FAILED"; tail -20 "$OUT/configure.log"; exit 1; }
   cmake --build "$BUILD" -j16 --target mxmoe_gpu_tests mxmoe_cli >"$OUT/build.log" 2>&1 \
     || { note "build FAILED"; grep -E "error" "$OUT/build.log" | head -20; exit 1; }
   note "build: ok in $(( $(secs) - t0 )) s"
   # Registers / spills of the GEMM kernels, and the SASS instructions they are meant to use.
-  grep -A3 -E "MoeGemmKernel|MoeWgmmaKernel" "$OUT/build.log" | grep -E "registers|spill" | sort | uniq -c | sed 's/^/ptxas: /' | tee -a "$SUMMARY"
+  grep -A3 -E "MoeGemmKernel|MoeWgmmaKernel|MoeDecodeKernel" "$OUT/build.log" | grep -E "registers|spill" | sort | uniq -c | sed 's/^/ptxas: /' | tee -a "$SUMMARY"
   obj=$(find "$BUILD" -name 'moe_gemm_n8.cu.o' | head -1)
   if [ -n "$obj" ] && command -v cuobjdump >/dev/null; then
-    for f in $(find "$BUILD" -name 'moe_gemm_n*.cu.o' -o -name 'moe_wgmma_*.cu.o'); do
+    for f in $(find "$BUILD" -name 'moe_gemm_n*.cu.o' -o -name 'moe_wgmma_*.cu.o' -o -name 'moe_decode.cu.o'); do
       cuobjdump -sass "$f" > "$OUT/sass_$(basename "$f" .cu.o).txt" 2>&1
       note "sass $(basename "$f" .cu.o): HMMA $(grep -c HMMA "$OUT/sass_$(basename "$f" .cu.o).txt") HGMMA $(grep -c HGMMA "$OUT/sass_$(basename "$f" .cu.o).txt") LDSM $(grep -c LDSM "$OUT/sass_$(basename "$f" .cu.o).txt") LDGSTS $(grep -c LDGSTS "$OUT/sass_$(basename "$f" .cu.o).txt") local(LDL/STL) $(grep -cE 'LDL|STL' "$OUT/sass_$(basename "$f" .cu.o).txt")"
     done
@@ -164,6 +165,34 @@ if want dprofile; then
       "$OUT/dprofile_$t.log" | tail -40 | tee -a "$SUMMARY" >/dev/null
   done
 fi
+if named timeline; then
+  # Where a call's time goes without a profiler (MXMOE_STAGE_TIMES=1, cuda_moe.cu: CUDA events
+  # between the stages, each eager call waiting for its stream): for each config in
+  # TIMELINE_CONFIGS (auto: the heuristics') the medians over the bench's calls of the routing,
+  # GEMM and combine times, per T in TIMELINE_TOKENS and shape in TIMELINE_SHAPES.
+  for cfg in ${TIMELINE_CONFIGS:-auto n8f}; do
+    forced=(-u MXMOE_GEMM_CONFIG)
+    [ "$cfg" = auto ] || forced=(MXMOE_GEMM_CONFIG="$cfg")
+    log="$OUT/timeline_${cfg//\//-}.log"
+    env "${forced[@]}" MXMOE_STAGE_TIMES=1 timeout "${TIMELINE_TIMEOUT:-200}" "$BUILD/bin/mxmoe" bench \
+      --shapes "${TIMELINE_SHAPES:-kimi-k3}" --routing uniform --tokens "${TIMELINE_TOKENS:-1,2,8}" --repeats 30 --no-graph \
+      >"$log" 2>&1
+    note "timeline ($cfg): rc=$?"
+    python3 - "$log" <<'PY' | tee -a "$SUMMARY"
+import re, statistics, sys
+rows = {}
+pat = re.compile(r"mxmoe stages: T=(\d+) (.*): routing ([\d.]+) us, GEMMs ([\d.]+) us, combine ([\d.]+) us, total ([\d.]+) us")
+for line in open(sys.argv[1], errors="replace"):
+    m = pat.match(line)
+    if m:
+        rows.setdefault((int(m[1]), m[2]), []).append([float(m[i]) for i in (3, 4, 5, 6)])
+for (t, plan), v in sorted(rows.items()):
+    med = [statistics.median(c) for c in zip(*v)]
+    print(f"  T={t} {plan}: routing {med[0]:.1f}, GEMMs {med[1]:.1f}, combine {med[2]:.1f}, total {med[3]:.1f} us "
+          f"(medians of {len(v)} calls)")
+PY
+  done
+fi
 if want python; then
   # The CUDA wheel and the whole pytest suite (CUDA, torch, the router, the FlashInfer entry point).
   t0=$(secs)
@@ -265,7 +294,7 @@ if named pipes; then
       note "pipes ($cfg, T = $t): rc=$rc, metrics: $set_used"
       # The first kernel profiled is FC1, the second FC2 (the call's launch order).
       # (only the kernels' header lines: the bench's own indented lines hold parentheses too)
-      awk -v kernels="$GEMM_KERNELS" '$0 ~ ("^  [A-Za-z_].*" kernels ".*[(]") { ++k; name = k == 1 ? "FC1" : k == 2 ? "FC2" : "kernel" k }
+      awk -v kernels="$GEMM_KERNELS" '$0 ~ ("^  [A-Za-z_].*" kernels ".*[(]") { ++k; name = $0 ~ /MoeDecodeKernel/ ? "FC1+FC2 #" k : k == 1 ? "FC1" : k == 2 ? "FC2" : "kernel" k }
            / (launch|gpu|dram|sm|smsp)__[a-z_.]+ / { printf "  %s %s %s\n", name, $1, $NF }' \
         "$log" | tee -a "$SUMMARY" >/dev/null
     done

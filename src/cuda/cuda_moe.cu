@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -484,6 +485,54 @@ cuda::EnvSwitch& PairChunks() {
   static cuda::EnvSwitch on{"MXMOE_PAIR_CHUNKS", true};  // (perf-log v18: 4.6-4.8% faster on the H200)
   return on;
 }
+// MXMOE_STAGE_TIMES=1 (a diagnostic, off by default): an eager call records CUDA events between
+// its stages and, after each chunk (it waits for the stream), adds up the time from its first
+// launch to the end of the routing, of the GEMMs and of the combine, and prints them on stderr
+// once the call is done: where a decode call's time goes without a profiler (perf-log v21).
+// Skipped while the stream is being captured.
+cuda::EnvSwitch& StageTimesOn() {
+  static cuda::EnvSwitch on{"MXMOE_STAGE_TIMES", false};
+  return on;
+}
+class StageTimes {
+ public:
+  static constexpr int kMarks = 4;  // before the routing, after it, after the GEMMs, after the combine
+  explicit StageTimes(cudaStream_t stream) : stream_(stream) {
+    if (!StageTimesOn().Get()) return;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) return;
+    for (cudaEvent_t& e : events_)
+      if (cudaEventCreate(&e) != cudaSuccess) return;
+    on_ = true;
+  }
+  ~StageTimes() {
+    for (cudaEvent_t e : events_)
+      if (e != nullptr) cudaEventDestroy(e);
+  }
+  void Mark(int i) {
+    if (on_) cudaEventRecord(events_[i], stream_);
+  }
+  // After the chunk's last mark: wait for it and add the chunk's stages.
+  void EndChunk() {
+    if (!on_ || cudaEventSynchronize(events_[kMarks - 1]) != cudaSuccess) return;
+    for (int i = 1; i < kMarks; ++i) {
+      float ms = 0.0f;
+      if (cudaEventElapsedTime(&ms, events_[i - 1], events_[i]) == cudaSuccess) us_[i - 1] += 1000.0 * ms;
+    }
+  }
+  void Print(int64_t tokens, const std::string& plan) const {
+    if (!on_) return;
+    std::fprintf(stderr, "mxmoe stages: T=%lld %s: routing %.1f us, GEMMs %.1f us, combine %.1f us, total %.1f us\n",
+                 static_cast<long long>(tokens), plan.c_str(), us_[0], us_[1], us_[2], us_[0] + us_[1] + us_[2]);
+  }
+
+ private:
+  cudaStream_t stream_;
+  bool on_ = false;
+  cudaEvent_t events_[kMarks] = {};
+  double us_[kMarks - 1] = {};
+};
+
 // Device staging for the upload at Create, per buffer (two alternate).
 constexpr size_t kStagingTarget = size_t{256} << 20;
 
@@ -943,10 +992,12 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
   call.tiles = tiles;
   call.num_tiles = num_tiles;
   call.decode_ws = at(l.decode);
+  StageTimes stage_times(stream);
 
   for (int64_t t0 = 0; t0 < t_count; t0 += choice.chunk_tokens) {
     const int64_t tc = std::min(choice.chunk_tokens, t_count - t0);
     const int64_t pairs = tc * top_k;
+    stage_times.Mark(0);
     // Small calls sort, offset and tile in one kernel that numbers the pairs itself; the smallest
     // do it in the quantization's launch, from the ids (perf-log v12).
     const bool small_routing = pairs <= cuda::kSmallRoutePairs;
@@ -987,13 +1038,18 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
                                       "routing offsets kernel"));
     }
     call.topk_weights = in.topk_weights + t0 * top_k;
+    stage_times.Mark(1);
     MXMOE_RETURN_IF_ERROR(path_->LaunchGemms(gemm, call, stream));
+    stage_times.Mark(2);
     MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchCombine(y, in.topk_ids + t0 * top_k, tc, static_cast<int32_t>(top_k),
                                                         k_dim, first_expert_, static_cast<int32_t>(n_local),
                                                         out.dtype, static_cast<uint8_t*>(out.data) + t0 * k_dim * out_elt,
                                                         stream),
                                     "combine kernel"));
+    stage_times.Mark(3);
+    stage_times.EndChunk();
   }
+  stage_times.Print(t_count, Plan(t_count));
   return debug.End();
 }
 
@@ -1261,6 +1317,7 @@ namespace cuda {
 
 void SetPairChunks(bool on) { PairChunks().Set(on); }
 bool PairChunksEnabled() { return PairChunks().Get(); }
+void SetStageTimes(bool on) { StageTimesOn().Set(on); }
 void SetWorkspaceTarget(size_t bytes) { g_workspace_target.store(bytes); }
 
 }  // namespace cuda

@@ -145,6 +145,10 @@ cudaError_t LaunchCombine(const float* y, const int32_t* topk_ids, int64_t num_t
 // SetPairChunks for the tests.
 void SetPairChunks(bool on);
 bool PairChunksEnabled();
+// MXMOE_STAGE_TIMES=1 at start (off by default; a diagnostic): each eager call prints on stderr the
+// time of its routing, GEMMs and combine, from CUDA events (it waits for its stream after each
+// chunk). SetStageTimes for the tests.
+void SetStageTimes(bool on);
 // The workspace target of the CudaMoe objects created from now on (0: the default ~2 GiB), which
 // sets both chunkings' sizes; the tests make it small to chunk small calls.
 void SetWorkspaceTarget(size_t bytes);

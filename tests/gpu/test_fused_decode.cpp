@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -220,6 +221,47 @@ TEST(CudaFusedDecode, SlicesMatchTheirCpuReference) {
       }
     }
   }
+}
+
+// MXMOE_STAGE_TIMES's lines (the device-gpu.sh timeline stage reads them): one per eager call, with
+// the plan and three positive times that add up to the total; none for a captured call.
+TEST(CudaStageTimes, EachEagerCallPrintsItsStages) {
+  MXMOE_REQUIRE_SM90();
+  const LayerShape s{8, 256, 160, 4};
+  ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 2600);
+  auto moe = MakeCudaMoe(set);
+  ASSERT_TRUE(moe);
+  const ForcedN8f forced;
+  DeviceCase dc(*moe, Input(s, 3, RoutingPattern::kUniform, 2601));
+  struct On {
+    On() { cuda::SetStageTimes(true); }
+    ~On() { cuda::SetStageTimes(false); }
+  } on;
+  testing::internal::CaptureStderr();
+  dc.RunF32();
+  dc.RunF32();
+  {
+    CapturedCall captured(dc, OutputDType::kF32);
+    ASSERT_TRUE(captured.status().ok()) << captured.status().ToString();
+    captured.Replay();
+  }
+  const std::string err = testing::internal::GetCapturedStderr();
+  int lines = 0;
+  size_t at = 0;
+  while ((at = err.find("mxmoe stages: T=3 n8f: routing ", at)) != std::string::npos) {
+    double routing = 0, gemms = 0, combine = 0, total = 0;
+    ASSERT_EQ(std::sscanf(err.c_str() + at, "mxmoe stages: T=3 n8f: routing %lf us, GEMMs %lf us, combine %lf us, total %lf us",
+                          &routing, &gemms, &combine, &total),
+              4)
+        << err;
+    EXPECT_GT(routing, 0.0);
+    EXPECT_GT(gemms, 0.0);
+    EXPECT_GT(combine, 0.0);
+    EXPECT_NEAR(routing + gemms + combine, total, 0.3);  // (each printed to 0.1)
+    ++lines;
+    ++at;
+  }
+  EXPECT_EQ(lines, 2) << err;
 }
 
 }  // namespace
