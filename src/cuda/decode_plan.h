@@ -116,6 +116,13 @@ MXMOE_HD DecodeUnit DecodeUnitOf(const DecodePlan& p, int32_t tiles, int32_t u) 
 MXMOE_HD int64_t DecodeFc2ArrivalsAt(const DecodePlan& p, int64_t max_tiles) { return max_tiles * p.m1; }
 MXMOE_HD int64_t DecodeReadyAt(const DecodePlan& p, int64_t max_tiles) { return max_tiles * (p.m1 + p.m2); }
 MXMOE_HD int64_t DecodeSyncWords(const DecodePlan& p, int64_t max_tiles) { return max_tiles * (2 * p.m1 + p.m2); }
+// The arrivals word of (tile, row block) of FC1 (fc1) or FC2, and FC1's flag word of it.
+MXMOE_HD int64_t DecodeArrivalWord(const DecodePlan& p, int64_t max_tiles, bool fc1, int32_t tile, int32_t block) {
+  return fc1 ? int64_t{tile} * p.m1 + block : DecodeFc2ArrivalsAt(p, max_tiles) + int64_t{tile} * p.m2 + block;
+}
+MXMOE_HD int64_t DecodeReadyWord(const DecodePlan& p, int64_t max_tiles, int32_t tile, int32_t block) {
+  return DecodeReadyAt(p, max_tiles) + int64_t{tile} * p.m1 + block;
+}
 
 // The parts' fp32 sums, [block][part][position][kDecodeBlockRows] per GEMM with s > 1, FC1's
 // first; positions are sorted positions below `pairs`. FC2's start at DecodeFc2Partials.
@@ -124,6 +131,14 @@ MXMOE_HD int64_t DecodeFc1PartialFloats(const DecodePlan& p, int64_t pairs) {
 }
 MXMOE_HD int64_t DecodePartialFloats(const DecodePlan& p, int64_t pairs) {
   return DecodeFc1PartialFloats(p, pairs) + (p.s2 > 1 ? int64_t{p.m2} * p.s2 * pairs * kDecodeBlockRows : 0);
+}
+// The sum of row `row` (< kDecodeBlockRows) of sorted position `pos` (< pairs) left by part `part`
+// of a unit of row block `block` of FC1 (fc1) or FC2; a part's sums are pairs * kDecodeBlockRows
+// floats apart.
+MXMOE_HD int64_t DecodePartialFloat(const DecodePlan& p, int64_t pairs, bool fc1, int32_t block, int32_t part,
+                                    int64_t pos, int32_t row) {
+  const int64_t parts = fc1 ? p.s1 : p.s2;
+  return (fc1 ? 0 : DecodeFc1PartialFloats(p, pairs)) + ((block * parts + part) * pairs + pos) * kDecodeBlockRows + row;
 }
 // An upper bound of DecodePartialFloats over every call of at most `pairs` pairs (s * pairs <=
 // kDecodeSplitPairs, s <= kDecodeMaxSplit), non-decreasing in pairs: what the workspace holds.

@@ -158,12 +158,58 @@ TEST(DecodePlan, PartsKeepTheirSumsWithinTheWorkspaceBound) {
   EXPECT_EQ(DecodeSplitFor(4, 20), 4);  // at least 4 steps a part
 }
 
-TEST(DecodePlan, SyncWordsAreLaidOutWithoutOverlap) {
-  const DecodePlan p = PlanOf(3584, 3072, 4, 4);
-  for (int64_t tiles : {1, 16, 256}) {
-    EXPECT_EQ(DecodeFc2ArrivalsAt(p, tiles), tiles * p.m1);  // FC1's arrivals end here
-    EXPECT_EQ(DecodeReadyAt(p, tiles), DecodeFc2ArrivalsAt(p, tiles) + tiles * p.m2);
-    EXPECT_EQ(DecodeSyncWords(p, tiles), DecodeReadyAt(p, tiles) + tiles * p.m1);
+// The words the kernel counts in and raises flags at (DecodeArrivalWord, DecodeReadyWord): one per
+// (GEMM, tile, row block) and one per FC1 (tile, row block), all distinct and all within
+// DecodeSyncWords, the words the input quantization clears.
+TEST(DecodePlan, SyncWordsAreDistinctAndCleared) {
+  for (const auto& [k, i] : kShapes) {
+    const DecodePlan p = PlanOf(k, i, 4, 2);
+    for (int64_t max_tiles : {1, 5, 16}) {
+      std::set<int64_t> words;
+      for (int32_t tile = 0; tile < max_tiles; ++tile) {
+        for (int32_t m = 0; m < p.m1; ++m) {
+          ASSERT_TRUE(words.insert(DecodeArrivalWord(p, max_tiles, true, tile, m)).second);
+          ASSERT_TRUE(words.insert(DecodeReadyWord(p, max_tiles, tile, m)).second);
+        }
+        for (int32_t m = 0; m < p.m2; ++m) ASSERT_TRUE(words.insert(DecodeArrivalWord(p, max_tiles, false, tile, m)).second);
+      }
+      ASSERT_EQ(static_cast<int64_t>(words.size()), DecodeSyncWords(p, max_tiles));
+      EXPECT_EQ(*words.begin(), 0);
+      EXPECT_EQ(*words.rbegin(), DecodeSyncWords(p, max_tiles) - 1);
+    }
+  }
+}
+
+// The parts' sums: one float per (GEMM, row block, part, position, row), all distinct, within
+// DecodePartialFloats, and laid out as the kernel strides them (a part's sums pairs * 256 floats
+// apart, a position's 256).
+TEST(DecodePlan, PartialSumsAreDistinctAndWithinTheirFloats) {
+  for (const auto& [k, i] : kShapes) {
+    for (int64_t pairs : {1, 4, 16, 64}) {
+      const DecodePlan p = PlanOf(k, i, DecodeSplitFor(pairs, PlanOf(k, i, 1, 1).k1),
+                                  DecodeSplitFor(pairs, PlanOf(k, i, 1, 1).k2));
+      SCOPED_TRACE(testing::Message() << "K=" << k << " I=" << i << " pairs=" << pairs << " s1=" << p.s1
+                                      << " s2=" << p.s2);
+      std::vector<bool> seen(static_cast<size_t>(DecodePartialFloats(p, pairs)), false);
+      for (bool fc1 : {true, false}) {
+        const int32_t parts = fc1 ? p.s1 : p.s2, blocks = fc1 ? p.m1 : p.m2;
+        if (parts == 1) continue;  // (whole tiles leave no sums)
+        for (int32_t m = 0; m < blocks; ++m) {
+          const int64_t base = DecodePartialFloat(p, pairs, fc1, m, 0, 0, 0);
+          for (int32_t part = 0; part < parts; ++part)
+            for (int64_t pos = 0; pos < pairs; ++pos)
+              for (int32_t row = 0; row < kDecodeBlockRows; ++row) {
+                const int64_t at = DecodePartialFloat(p, pairs, fc1, m, part, pos, row);
+                ASSERT_EQ(at, base + (part * pairs + pos) * kDecodeBlockRows + row);
+                ASSERT_GE(at, 0);
+                ASSERT_LT(at, static_cast<int64_t>(seen.size()));
+                ASSERT_FALSE(seen[static_cast<size_t>(at)]);
+                seen[static_cast<size_t>(at)] = true;
+              }
+        }
+      }
+      for (bool b : seen) ASSERT_TRUE(b);  // (and nothing unused in between)
+    }
   }
 }
 

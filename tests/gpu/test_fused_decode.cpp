@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,18 @@ SyntheticInput Input(const LayerShape& s, int64_t t, RoutingPattern p, uint64_t 
 constexpr RoutingPattern kPatterns[] = {RoutingPattern::kUniform, RoutingPattern::kOneExpert,
                                         RoutingPattern::kFewExperts, RoutingPattern::kWithInvalid,
                                         RoutingPattern::kHeavyHitters};
+
+// Kimi-K3's expert shape with fewer experts (SiTU), on the GPU.
+struct KimiLayer {
+  LayerShape s = kKimiK3Shape;
+  ExpertSet set;
+  std::unique_ptr<CudaMoe> moe;
+  KimiLayer(int64_t experts, uint64_t seed) {
+    s.num_experts = experts;
+    set = SyntheticSet(s, Act(ActivationType::Situ), seed);
+    moe = MakeCudaMoe(set);
+  }
+};
 
 // The fp32 output twice (bit for bit the same) and the bf16 output once, the fp32 one against ref;
 // each call through the fused kernel when the call has at most kDecodeMaxPairs pairs (its launch
@@ -92,11 +105,10 @@ TEST(CudaFusedDecode, SmallLayersMatchCpuReference) {
 // from T = 4; up to 256 pairs (T = 16). Against the unfused GPU reference, and against n8.
 TEST(CudaFusedDecode, KimiShapedCallsMatchGpuReference) {
   MXMOE_REQUIRE_SM90();
-  LayerShape s = kKimiK3Shape;
-  s.num_experts = 32;
-  ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 2200);
-  auto moe = MakeCudaMoe(set);
-  ASSERT_TRUE(moe);
+  const KimiLayer layer(32, 2200);
+  ASSERT_TRUE(layer.moe);
+  const LayerShape& s = layer.s;
+  CudaMoe* const moe = layer.moe.get();
   uint64_t seed = 2200;
   for (int64_t t : {1, 2, 3, 4, 8, 16}) {
     for (RoutingPattern pat : {RoutingPattern::kUniform, RoutingPattern::kOneExpert, RoutingPattern::kWithInvalid,
@@ -123,11 +135,10 @@ TEST(CudaFusedDecode, KimiShapedCallsMatchGpuReference) {
 // call's tile bound).
 TEST(CudaFusedDecode, GarbageWorkspaceAndOtherCallsLeaveTheBitsAlone) {
   MXMOE_REQUIRE_SM90();
-  LayerShape s = kKimiK3Shape;
-  s.num_experts = 24;
-  ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 2300);
-  auto moe = MakeCudaMoe(set);
-  ASSERT_TRUE(moe);
+  const KimiLayer layer(24, 2300);
+  ASSERT_TRUE(layer.moe);
+  const LayerShape& s = layer.s;
+  CudaMoe* const moe = layer.moe.get();
   const ForcedN8f forced;
   DeviceCase big(*moe, Input(s, 16, RoutingPattern::kHeavyHitters, 2301));  // WorkspaceSize(16)
   const auto big_clean = big.RunF32();
@@ -150,11 +161,10 @@ TEST(CudaFusedDecode, GarbageWorkspaceAndOtherCallsLeaveTheBitsAlone) {
 // 2 CTAs (FC2 units beside FC1 units of the same tile, waiting on their flags) it is the same bits.
 TEST(CudaFusedDecode, AnyNumberOfCtasGivesTheSameBits) {
   MXMOE_REQUIRE_SM90();
-  LayerShape s = kKimiK3Shape;
-  s.num_experts = 24;
-  ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 2350);
-  auto moe = MakeCudaMoe(set);
-  ASSERT_TRUE(moe);
+  const KimiLayer layer(24, 2350);
+  ASSERT_TRUE(layer.moe);
+  const LayerShape& s = layer.s;
+  CudaMoe* const moe = layer.moe.get();
   const ForcedN8f forced;
   for (int64_t t : {1, 4}) {
     DeviceCase dc(*moe, Input(s, t, RoutingPattern::kHeavyHitters, 2351 + t));
@@ -172,11 +182,10 @@ TEST(CudaFusedDecode, AnyNumberOfCtasGivesTheSameBits) {
 // Captured once, replayed on new inputs: each replay clears its own words.
 TEST(CudaFusedDecode, GraphReplaysEqualEager) {
   MXMOE_REQUIRE_SM90();
-  LayerShape s = kKimiK3Shape;
-  s.num_experts = 24;
-  ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 2400);
-  auto moe = MakeCudaMoe(set);
-  ASSERT_TRUE(moe);
+  const KimiLayer layer(24, 2400);
+  ASSERT_TRUE(layer.moe);
+  const LayerShape& s = layer.s;
+  CudaMoe* const moe = layer.moe.get();
   const ForcedN8f forced;
   for (int64_t t : {1, 16}) {
     SCOPED_TRACE("T=" + std::to_string(t));

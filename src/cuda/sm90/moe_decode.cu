@@ -37,12 +37,13 @@ namespace {
 using DecodeConfig = ConfigN8;
 // 72 registers and 29 KB of stages a CTA: 7 share an SM (ptxas, perf-log v21).
 constexpr int kDecodeCtasPerSm = 7;
-// An FC1 flag not raised within this long means a broken invariant (the FC1 unit was taken before
-// by a running CTA and waits for nothing): trap rather than hang the device.
-constexpr uint64_t kWaitLimitNs = 2000000000ull;
-
-// Thread 0: until FC1 has raised *flag (acquire).
+// Thread 0: until FC1 has raised *flag (acquire). (A template so that the sm_120a pass, which
+// compiles no kernel body here, does not warn that it is unused.)
+template <class = void>
 __device__ __forceinline__ void WaitForFlag(const int32_t* flag) {
+  // A flag not raised within 2 s means a broken invariant (the FC1 unit was taken before by a
+  // running CTA and waits for nothing): trap rather than hang the device.
+  constexpr uint64_t kWaitLimitNs = 2000000000ull;
   if (ptx::LoadAcquireGpu(flag) != 0) return;
   const uint64_t start = ptx::GlobalTimerNs();
   while (ptx::LoadAcquireGpu(flag) == 0) {
@@ -65,12 +66,11 @@ __device__ __forceinline__ void RunDecodeUnit(const DecodeParams& d, const GemmP
   const int32_t parts = kFc1 ? d.plan.s1 : d.plan.s2;
   int32_t k_first = 0, k_tiles = 0;
   DecodePartSteps(kFc1 ? d.plan.k1 : d.plan.k2, parts, w.part, &k_first, &k_tiles);
-  const int64_t ready_at = DecodeReadyAt(d.plan, d.max_tiles) + static_cast<int64_t>(w.tile) * d.plan.m1;
   if constexpr (!kFc1) {
     if (tid == 0) {
       int32_t lo = 0, hi = 0;
       DecodeFc1BlocksOf(k_first, k_tiles, &lo, &hi);
-      for (int32_t m = lo; m < hi; ++m) WaitForFlag(d.sync + ready_at + m);
+      for (int32_t m = lo; m < hi; ++m) WaitForFlag(d.sync + DecodeReadyWord(d.plan, d.max_tiles, w.tile, m));
     }
     __syncthreads();  // (after thread 0's acquire: every thread's copies of h come after it)
   }
@@ -107,11 +107,12 @@ __device__ __forceinline__ void RunDecodeUnit(const DecodeParams& d, const GemmP
 
   if (parts > 1) {
     // The part's sums at [block][part][position][row] (decode_plan.h), the tile's real columns only.
+    // DecodePartialFloat's layout: a part's sums `plane` floats apart, then position, then row.
     const int64_t plane = static_cast<int64_t>(d.pairs) * kDecodeBlockRows;
-    const float* const base = d.partials + (kFc1 ? 0 : DecodeFc1PartialFloats(d.plan, d.pairs)) +
-                              static_cast<int64_t>(w.block) * parts * plane;
+    const float* const base = d.partials + DecodePartialFloat(d.plan, d.pairs, kFc1, w.block, 0, 0, 0);
     const int g = lane >> 2, c = lane & 3;
-    const int64_t mine = static_cast<int64_t>(tc.seg_begin + 2 * c) * kDecodeBlockRows + warp * Cfg::kMFrags * kTileRows + g;
+    const int64_t mine =
+        static_cast<int64_t>(tc.seg_begin + 2 * c) * kDecodeBlockRows + warp * Cfg::kMFrags * kTileRows + g;
     auto at = [&](int f, int half, int q) { return mine + q * kDecodeBlockRows + f * kTileRows + 8 * half; };
     if (warp_active) {
       float* const slab = const_cast<float*>(base) + w.part * plane;
@@ -127,8 +128,7 @@ __device__ __forceinline__ void RunDecodeUnit(const DecodeParams& d, const GemmP
     // before it); the last part's count also acquires the others' sums for the CTA (the barrier).
     __syncthreads();
     if (tid == 0) {
-      const int64_t arrivals = (kFc1 ? 0 : DecodeFc2ArrivalsAt(d.plan, d.max_tiles)) +
-                               static_cast<int64_t>(w.tile) * (kFc1 ? d.plan.m1 : d.plan.m2) + w.block;
+      const int64_t arrivals = DecodeArrivalWord(d.plan, d.max_tiles, kFc1, w.tile, w.block);
       *smem_last = ptx::AtomicAddAcqRelGpu(d.sync + arrivals, 1) == parts - 1 ? 1 : 0;
     }
     __syncthreads();
@@ -160,7 +160,7 @@ __device__ __forceinline__ void RunDecodeUnit(const DecodeParams& d, const GemmP
   MmaTileEpilogue<Cfg, kFc1>(p, tc, groups, acc, warp_active, warp, warp, lane, smem);
   if constexpr (kFc1) {
     __syncthreads();  // every thread's h stores are done: the release below covers them
-    if (tid == 0) ptx::StoreReleaseGpu(d.sync + ready_at + w.block, 1);
+    if (tid == 0) ptx::StoreReleaseGpu(d.sync + DecodeReadyWord(d.plan, d.max_tiles, w.tile, w.block), 1);
   }
 }
 
