@@ -198,8 +198,11 @@ class KernelPath {
   // The workspace of the fused decode kernel for calls of up to `pairs` pairs (0: the path has
   // none), non-decreasing in pairs.
   virtual size_t DecodeBytes(int64_t /*pairs*/) const { return 0; }
-  // Whether a call (or chunk) of `pairs` pairs runs the fused decode kernel under `choice`.
+  // Whether a call whose chunks hold at most `pairs` pairs runs the fused decode kernel under
+  // `choice` (Run and Plan decide by the largest chunk, so that the plan names what every chunk runs).
   virtual bool FusesDecode(const GemmChoice& /*choice*/, int64_t /*pairs*/) const { return false; }
+  // The plan's name of `choice` (Plan, the bench's config column), run fused or not.
+  virtual std::string RunName(const GemmChoice& choice, bool /*fused*/) const { return choice.name; }
   // For a call that does (FusesDecode; its routing in LaunchPrepareAndRoute, *pp): its buffers in
   // *call, and pp's cleared words pointed at them.
   virtual void PlanFusedDecode(int64_t /*pairs*/, GemmCall* /*call*/, cuda::PrepareParams* /*pp*/) const {}
@@ -338,6 +341,11 @@ class Sm90Path final : public KernelPath {
   bool FusesDecode(const GemmChoice& choice, int64_t pairs) const override {
     const int n8f = static_cast<int>(cuda::GemmConfigId::kN8f);
     return choice.config == n8f && choice.config_fc2 == n8f && pairs <= cuda::kDecodeMaxPairs;
+  }
+  // n8f where it does not fuse (past kDecodeMaxPairs, in pair chunks) runs n8's two kernels.
+  std::string RunName(const GemmChoice& choice, bool fused) const override {
+    const int n8f = static_cast<int>(cuda::GemmConfigId::kN8f);
+    return choice.config == n8f && choice.config_fc2 == n8f && !fused ? choice.name + " as n8" : choice.name;
   }
   void PlanFusedDecode(int64_t pairs, GemmCall* call, cuda::PrepareParams* pp) const override {
     call->fused_decode = true;
@@ -488,8 +496,11 @@ cuda::EnvSwitch& PairChunks() {
 // MXMOE_STAGE_TIMES=1 (a diagnostic, off by default): an eager call records CUDA events between
 // its stages and, after each chunk (it waits for the stream), adds up the time from its first
 // launch to the end of the routing, of the GEMMs and of the combine, and prints them on stderr
-// once the call is done: where a decode call's time goes without a profiler (perf-log v21).
-// Skipped while the stream is being captured.
+// once the call is done: where a decode call's time goes without a profiler (perf-log v21). The
+// stream is idle when a chunk starts, so each stage's time includes its launches' latency (and
+// the routing's the host's time to launch it), and the events keep PDL from overlapping kernels:
+// times of the call as launched one stage after another, not of the GPU alone. Skipped while the
+// stream is being captured, and for calls in pair chunks.
 cuda::EnvSwitch& StageTimesOn() {
   static cuda::EnvSwitch on{"MXMOE_STAGE_TIMES", false};
   return on;
@@ -512,23 +523,27 @@ class StageTimes {
   void Mark(int i) {
     if (on_) cudaEventRecord(events_[i], stream_);
   }
-  // After the chunk's last mark: wait for it and add the chunk's stages.
+  bool on() const { return on_; }
+  // After the chunk's last mark: wait for it and add the chunk's stages (a failure, a kernel's
+  // included, leaves the call unprinted; the call's own error comes from its next CUDA call).
   void EndChunk() {
-    if (!on_ || cudaEventSynchronize(events_[kMarks - 1]) != cudaSuccess) return;
-    for (int i = 1; i < kMarks; ++i) {
+    if (!on_) return;
+    if (cudaEventSynchronize(events_[kMarks - 1]) != cudaSuccess) failed_ = true;
+    for (int i = 1; i < kMarks && !failed_; ++i) {
       float ms = 0.0f;
       if (cudaEventElapsedTime(&ms, events_[i - 1], events_[i]) == cudaSuccess) us_[i - 1] += 1000.0 * ms;
+      else failed_ = true;
     }
   }
   void Print(int64_t tokens, const std::string& plan) const {
-    if (!on_) return;
+    if (!on_ || failed_) return;
     std::fprintf(stderr, "mxmoe stages: T=%lld %s: routing %.1f us, GEMMs %.1f us, combine %.1f us, total %.1f us\n",
                  static_cast<long long>(tokens), plan.c_str(), us_[0], us_[1], us_[2], us_[0] + us_[1] + us_[2]);
   }
 
  private:
   cudaStream_t stream_;
-  bool on_ = false;
+  bool on_ = false, failed_ = false;
   cudaEvent_t events_[kMarks] = {};
   double us_[kMarks - 1] = {};
 };
@@ -565,15 +580,11 @@ class CudaMoeImpl final : public CudaMoe {
       const cuda::LaunchChoice choice = cuda::ChooseLaunch(dims_, l.tokens, l.tokens);
       int64_t ranges = 0;
       for (int64_t t0 = 0; t0 < num_tokens; t0 += l.tokens) ranges += RangesOf(std::min(l.tokens, num_tokens - t0) * dims_.top_k, l);
-      return path_->Choose(choice).name + " x" + std::to_string(ranges) + " pair chunks";
+      return path_->RunName(path_->Choose(choice), /*fused=*/false) + " x" + std::to_string(ranges) + " pair chunks";
     }
     const cuda::LaunchChoice choice = cuda::ChooseLaunch(dims_, num_tokens, max_chunk_run_);
     const GemmChoice gemm = path_->Choose(choice);
-    std::string plan = gemm.name;
-    // n8f past kDecodeMaxPairs runs n8's two kernels.
-    if (gemm.config == static_cast<int>(cuda::GemmConfigId::kN8f) &&
-        !path_->FusesDecode(gemm, choice.chunk_tokens * dims_.top_k))
-      plan += " as n8";
+    std::string plan = path_->RunName(gemm, path_->FusesDecode(gemm, choice.chunk_tokens * dims_.top_k));
     if (choice.num_chunks > 1) plan += " x" + std::to_string(choice.num_chunks) + " chunks";
     return plan;
   }
@@ -992,6 +1003,9 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
   call.tiles = tiles;
   call.num_tiles = num_tiles;
   call.decode_ws = at(l.decode);
+  // (Every chunk then holds at most kDecodeMaxPairs <= kFusedRoutePairs pairs: its routing is the
+  // fused launch, the only one that clears the kernel's words.)
+  const bool fuse = path_->FusesDecode(gemm, choice.chunk_tokens * top_k);
   StageTimes stage_times(stream);
 
   for (int64_t t0 = 0; t0 < t_count; t0 += choice.chunk_tokens) {
@@ -1017,10 +1031,8 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
     rp.warp_max = cuda::WarpRouteEnabled() ? cuda::kWarpRoutePairs : 0;
     // Tiles <= pairs / tile + one partial tile per touched expert.
     call.max_tiles = std::min(pairs, (pairs + gemm.tile_tokens - 1) / gemm.tile_tokens + std::min(n_local, pairs));
-    // (Only LaunchPrepareAndRoute clears the fused decode kernel's words: kDecodeMaxPairs <=
-    // kFusedRoutePairs.)
     call.fused_decode = false;
-    if (fused_routing && path_->FusesDecode(gemm, pairs)) path_->PlanFusedDecode(pairs, &call, &pp);
+    if (fuse) path_->PlanFusedDecode(pairs, &call, &pp);
     if (fused_routing) {
       MXMOE_RETURN_IF_ERROR(
           CudaCheck(cuda::LaunchPrepareAndRoute(pp, rp, stream), "input quantization / routing kernel (small calls)"));
@@ -1049,7 +1061,7 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
     stage_times.Mark(3);
     stage_times.EndChunk();
   }
-  stage_times.Print(t_count, Plan(t_count));
+  if (stage_times.on()) stage_times.Print(t_count, Plan(t_count));
   return debug.End();
 }
 

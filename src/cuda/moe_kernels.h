@@ -279,10 +279,14 @@ struct DecodeParams {
   int32_t* sync = nullptr;  // DecodeSyncWords(plan, max_tiles) words, all 0 at the launch
   float* partials = nullptr;  // DecodePartialFloats(plan, pairs) floats (null when s1 = s2 = 1)
   int32_t pairs = 0;        // the call's pairs: positions of the partial sums
+  int32_t debug_fc1_delay_ns = 0;  // set by LaunchFusedDecode from SetDecodeFc1Delay
 };
 cudaError_t LaunchFusedDecode(const DecodeParams& d, cudaStream_t stream);
 // Fused decode launches so far in this process (the tests' proof that the fused path ran).
 int64_t FusedDecodeLaunches();
+// For the tests: each FC1 unit of the fused decode kernels launched from now on waits this many
+// ns before it raises its flag, so that FC2 units wait on the flags (0: none, the default).
+void SetDecodeFc1Delay(int32_t ns);
 // The persistent FC1 kernel of wg128 (perf-log v7), one CTA per SM: used when on (set at start from
 // MXMOE_FC1_PERSISTENT=1|0, default kPersistentFc1Default); LimitPersistentCtas(n) caps it and the
 // fused decode kernel (n8f) at n CTAs (so that the tests walk many items through each CTA on small

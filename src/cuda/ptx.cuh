@@ -102,6 +102,14 @@ __device__ __forceinline__ int32_t LoadAcquireGpu(const int32_t* p) {
 #endif
   return v;
 }
+// The same word read relaxed (no ordering: for polling, with one acquire read once it changed).
+__device__ __forceinline__ int32_t LoadRelaxedGpu(const int32_t* p) {
+  int32_t v = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+#endif
+  return v;
+}
 __device__ __forceinline__ void StoreReleaseGpu(int32_t* p, int32_t v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
   asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");

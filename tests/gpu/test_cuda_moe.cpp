@@ -615,10 +615,13 @@ TEST(CudaMoeChunks, TokenAndPairChunksMatchReference) {
   MXMOE_REQUIRE_SM90();
   const LayerShape s{16, 256, 160, 4};
   const ActivationSpec act = SpecFor(ActivationType::Situ, s.num_experts);
-  // The heuristics' config, an mma.sync one that gathers its tokens itself, and a wgmma one and an
-  // mma.sync one fed by TMA that read them gathered in sorted order (LaunchGatherRows on each range).
+  // The heuristics' config, an mma.sync one that gathers its tokens itself, a wgmma one and an
+  // mma.sync one fed by TMA that read them gathered in sorted order (LaunchGatherRows on each range),
+  // and n8f, whose token chunks here (at most ~40 tokens, 160 pairs) each run the fused decode
+  // kernel in the same workspace words, and whose pair chunks run n8's kernels.
   const int configs[] = {-1, static_cast<int>(cuda::GemmConfigId::kN32),
-                         static_cast<int>(cuda::GemmConfigId::kWg128d3x3), static_cast<int>(cuda::GemmConfigId::kN32t)};
+                         static_cast<int>(cuda::GemmConfigId::kWg128d3x3), static_cast<int>(cuda::GemmConfigId::kN32t),
+                         static_cast<int>(cuda::GemmConfigId::kN8f)};
   // One layer and one set of calls, their CPU references computed once.
   const ExpertSet set = SyntheticSet(s, act, 700);
   struct Call {

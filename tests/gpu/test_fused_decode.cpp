@@ -54,14 +54,20 @@ struct KimiLayer {
 // The fp32 output twice (bit for bit the same) and the bf16 output once, the fp32 one against ref;
 // each call through the fused kernel when the call has at most kDecodeMaxPairs pairs (its launch
 // count proves it ran), else through n8's kernels.
+// The workspace is 0xFF bytes before each run: h holds NaN until FC1 writes it, so an FC2 unit that
+// read it too early would poison the output, and every flag and count would be set.
 void ExpectRunsMatch(const CudaMoe& moe, DeviceCase& dc, const std::vector<float>& ref, int64_t pair_width) {
   const int64_t t = dc.tokens(), hidden = moe.Layout().shape.hidden;
   const bool fused = t * moe.Layout().shape.top_k <= cuda::kDecodeMaxPairs;
   EXPECT_EQ(moe.Plan(t), fused ? "n8f" : "n8f as n8");
   const int64_t launches = cuda::FusedDecodeLaunches();
+  const auto garbage = [&] { ASSERT_EQ(cudaMemset(dc.workspace(), 0xFF, dc.workspace_bytes()), cudaSuccess); };
+  garbage();
   const auto a = dc.RunF32();
   EXPECT_TRUE(MoeCloseF32(a, ref, {t, hidden}, pair_width));
+  garbage();
   EXPECT_TRUE(BitwiseEqual(dc.RunF32(), a, {t, hidden}));
+  garbage();
   EXPECT_TRUE(AllWritten(dc.RunBf16(), {t, hidden}));
   EXPECT_EQ(cuda::FusedDecodeLaunches() - launches, fused ? 3 : 0);
 }
@@ -175,6 +181,36 @@ TEST(CudaFusedDecode, AnyNumberOfCtasGivesTheSameBits) {
       const auto capped = dc.RunF32();
       cuda::LimitPersistentCtas(0);
       EXPECT_TRUE(BitwiseEqual(capped, all, {t, s.hidden}));
+    }
+  }
+}
+
+// FC1 units that hold their flags back (SetDecodeFc1Delay) make FC2 units wait on them: the same
+// bits, in a workspace of 0xFF bytes (a missing or wrong wait reads NaN intermediates). The small
+// layer's units all start at once (48 FC1 and 16 FC2 units at T = 1), so its FC2 units wait for
+// sure; the Kimi-shaped one's at T = 1, 2 and 4 (parts of 4, 2 and 1) in its order.
+TEST(CudaFusedDecode, Fc2WaitsForDelayedFc1Flags) {
+  MXMOE_REQUIRE_SM90();
+  const LayerShape small{8, 992, 320, 4};
+  ExpertSet small_set = SyntheticSet(small, Act(ActivationType::Situ), 2370);
+  auto small_moe = MakeCudaMoe(small_set);
+  ASSERT_TRUE(small_moe);
+  const KimiLayer kimi(24, 2380);
+  ASSERT_TRUE(kimi.moe);
+  const ForcedN8f forced;
+  struct Delay {
+    explicit Delay(int32_t ns) { cuda::SetDecodeFc1Delay(ns); }
+    ~Delay() { cuda::SetDecodeFc1Delay(0); }
+  };
+  for (const auto& [moe, s] : {std::pair<const CudaMoe*, LayerShape>{small_moe.get(), small}, {kimi.moe.get(), kimi.s}}) {
+    for (int64_t t : {1, 2, 4}) {
+      SCOPED_TRACE("K=" + std::to_string(s.hidden) + " T=" + std::to_string(t));
+      DeviceCase dc(*moe, Input(s, t, RoutingPattern::kUniform, 2390 + t));
+      ASSERT_EQ(cudaMemset(dc.workspace(), 0xFF, dc.workspace_bytes()), cudaSuccess);
+      const auto undelayed = dc.RunF32();
+      const Delay delay(50000);  // 50 µs per FC1 row block
+      ASSERT_EQ(cudaMemset(dc.workspace(), 0xFF, dc.workspace_bytes()), cudaSuccess);
+      EXPECT_TRUE(BitwiseEqual(dc.RunF32(), undelayed, {t, s.hidden}));
     }
   }
 }

@@ -26,6 +26,7 @@
 // within 2 s traps instead of hanging.
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 
 #include "cuda/decode_plan.h"
 #include "cuda/sm90/moe_gemm.cuh"
@@ -37,19 +38,25 @@ namespace {
 using DecodeConfig = ConfigN8;
 // 72 registers and 29 KB of stages a CTA: 7 share an SM (ptxas, perf-log v21).
 constexpr int kDecodeCtasPerSm = 7;
-// Thread 0: until FC1 has raised *flag (acquire). (A template so that the sm_120a pass, which
-// compiles no kernel body here, does not warn that it is unused.)
+// Thread 0: until FC1 has raised *flag, polled relaxed (an acquire load invalidates the SM's L1
+// each time) and then read once with acquire. (A template so that the sm_120a pass, which compiles
+// no kernel body here, does not warn that it is unused.)
 template <class = void>
-__device__ __forceinline__ void WaitForFlag(const int32_t* flag) {
+__device__ __forceinline__ void WaitForFlag(const int32_t* flag, const DecodeUnit& w, int32_t block) {
   // A flag not raised within 2 s means a broken invariant (the FC1 unit was taken before by a
-  // running CTA and waits for nothing): trap rather than hang the device.
-  constexpr uint64_t kWaitLimitNs = 2000000000ull;
+  // running CTA and waits for nothing): say which and trap rather than hang the device.
+  constexpr int64_t kWaitLimitNs = 2000000000;
   if (ptx::LoadAcquireGpu(flag) != 0) return;
   const uint64_t start = ptx::GlobalTimerNs();
-  while (ptx::LoadAcquireGpu(flag) == 0) {
+  while (ptx::LoadRelaxedGpu(flag) == 0) {
     __nanosleep(128);
-    if (ptx::GlobalTimerNs() - start > kWaitLimitNs) __trap();
+    if (static_cast<int64_t>(ptx::GlobalTimerNs() - start) > kWaitLimitNs) {
+      printf("mxmoe n8f: FC2 unit (tile %d, block %d, part %d) waited 2 s for FC1 block %d\n", w.tile, w.block,
+             w.part, block);
+      __trap();
+    }
   }
+  (void)ptx::LoadAcquireGpu(flag);
 }
 
 // Steps 2 to 5 of one unit, for every thread of the CTA.
@@ -70,7 +77,7 @@ __device__ __forceinline__ void RunDecodeUnit(const DecodeParams& d, const GemmP
     if (tid == 0) {
       int32_t lo = 0, hi = 0;
       DecodeFc1BlocksOf(k_first, k_tiles, &lo, &hi);
-      for (int32_t m = lo; m < hi; ++m) WaitForFlag(d.sync + DecodeReadyWord(d.plan, d.max_tiles, w.tile, m));
+      for (int32_t m = lo; m < hi; ++m) WaitForFlag(d.sync + DecodeReadyWord(d.plan, d.max_tiles, w.tile, m), w, m);
     }
     __syncthreads();  // (after thread 0's acquire: every thread's copies of h come after it)
   }
@@ -160,7 +167,13 @@ __device__ __forceinline__ void RunDecodeUnit(const DecodeParams& d, const GemmP
   MmaTileEpilogue<Cfg, kFc1>(p, tc, groups, acc, warp_active, warp, warp, lane, smem);
   if constexpr (kFc1) {
     __syncthreads();  // every thread's h stores are done: the release below covers them
-    if (tid == 0) ptx::StoreReleaseGpu(d.sync + DecodeReadyWord(d.plan, d.max_tiles, w.tile, w.block), 1);
+    if (tid == 0) {
+      if (d.debug_fc1_delay_ns > 0) {  // (the tests' SetDecodeFc1Delay: make FC2 units wait)
+        const uint64_t start = ptx::GlobalTimerNs();
+        while (ptx::GlobalTimerNs() - start < static_cast<uint64_t>(d.debug_fc1_delay_ns)) __nanosleep(1000);
+      }
+      ptx::StoreReleaseGpu(d.sync + DecodeReadyWord(d.plan, d.max_tiles, w.tile, w.block), 1);
+    }
   }
 }
 
@@ -234,6 +247,7 @@ namespace mxmoe::cuda {
 
 namespace {
 std::atomic<int64_t> g_fused_decode_launches{0};
+std::atomic<int32_t> g_fc1_delay_ns{0};
 }  // namespace
 
 cudaError_t LaunchFusedDecode(const DecodeParams& d, cudaStream_t stream) {
@@ -267,12 +281,16 @@ cudaError_t LaunchFusedDecode(const DecodeParams& d, cudaStream_t stream) {
   }
   int64_t ctas = std::min<int64_t>(units, slots);
   if (const int limit = PersistentCtaLimit(); limit > 0 && limit < ctas) ctas = limit;
+  DecodeParams launched = d;
+  launched.debug_fc1_delay_ns = g_fc1_delay_ns.load(std::memory_order_relaxed);
   const cudaError_t e = LaunchKernel(sm90::MoeDecodeKernel<Cfg>, dim3(static_cast<unsigned>(ctas)),
-                                     dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, d);
+                                     dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, launched);
   if (e == cudaSuccess) g_fused_decode_launches.fetch_add(1, std::memory_order_relaxed);
   return e;
 }
 
 int64_t FusedDecodeLaunches() { return g_fused_decode_launches.load(std::memory_order_relaxed); }
+
+void SetDecodeFc1Delay(int32_t ns) { g_fc1_delay_ns.store(ns > 0 ? ns : 0, std::memory_order_relaxed); }
 
 }  // namespace mxmoe::cuda
