@@ -119,7 +119,10 @@ __device__ __forceinline__ void StoreReleaseGpu(int32_t* p, int32_t v) {
 __device__ __forceinline__ int32_t AtomicAddAcqRelGpu(int32_t* p, int32_t v) {
   int32_t old = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n"
+               : "=r"(old)
+               : "l"(p), "r"(v)
+               : "memory");
 #endif
   return old;
 }

@@ -171,7 +171,8 @@ TEST(DecodePlan, SyncWordsAreDistinctAndCleared) {
           ASSERT_TRUE(words.insert(DecodeArrivalWord(p, max_tiles, true, tile, m)).second);
           ASSERT_TRUE(words.insert(DecodeReadyWord(p, max_tiles, tile, m)).second);
         }
-        for (int32_t m = 0; m < p.m2; ++m) ASSERT_TRUE(words.insert(DecodeArrivalWord(p, max_tiles, false, tile, m)).second);
+        for (int32_t m = 0; m < p.m2; ++m)
+          ASSERT_TRUE(words.insert(DecodeArrivalWord(p, max_tiles, false, tile, m)).second);
       }
       ASSERT_EQ(static_cast<int64_t>(words.size()), DecodeSyncWords(p, max_tiles));
       EXPECT_EQ(*words.begin(), 0);

@@ -202,7 +202,8 @@ TEST(CudaFusedDecode, Fc2WaitsForDelayedFc1Flags) {
     explicit Delay(int32_t ns) { cuda::SetDecodeFc1Delay(ns); }
     ~Delay() { cuda::SetDecodeFc1Delay(0); }
   };
-  for (const auto& [moe, s] : {std::pair<const CudaMoe*, LayerShape>{small_moe.get(), small}, {kimi.moe.get(), kimi.s}}) {
+  using Layer = std::pair<const CudaMoe*, LayerShape>;
+  for (const auto& [moe, s] : {Layer{small_moe.get(), small}, Layer{kimi.moe.get(), kimi.s}}) {
     for (int64_t t : {1, 2, 4}) {
       SCOPED_TRACE("K=" + std::to_string(s.hidden) + " T=" + std::to_string(t));
       DeviceCase dc(*moe, Input(s, t, RoutingPattern::kUniform, 2390 + t));
@@ -295,7 +296,8 @@ TEST(CudaStageTimes, EachEagerCallPrintsItsStages) {
   size_t at = 0;
   while ((at = err.find("mxmoe stages: T=3 n8f: routing ", at)) != std::string::npos) {
     double routing = 0, gemms = 0, combine = 0, total = 0;
-    ASSERT_EQ(std::sscanf(err.c_str() + at, "mxmoe stages: T=3 n8f: routing %lf us, GEMMs %lf us, combine %lf us, total %lf us",
+    ASSERT_EQ(std::sscanf(err.c_str() + at,
+                          "mxmoe stages: T=3 n8f: routing %lf us, GEMMs %lf us, combine %lf us, total %lf us",
                           &routing, &gemms, &combine, &total),
               4)
         << err;

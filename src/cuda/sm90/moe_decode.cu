@@ -116,13 +116,13 @@ __device__ __forceinline__ void RunDecodeUnit(const DecodeParams& d, const GemmP
     // The part's sums at [block][part][position][row] (decode_plan.h), the tile's real columns only.
     // DecodePartialFloat's layout: a part's sums `plane` floats apart, then position, then row.
     const int64_t plane = static_cast<int64_t>(d.pairs) * kDecodeBlockRows;
-    const float* const base = d.partials + DecodePartialFloat(d.plan, d.pairs, kFc1, w.block, 0, 0, 0);
+    float* const base = d.partials + DecodePartialFloat(d.plan, d.pairs, kFc1, w.block, 0, 0, 0);
     const int g = lane >> 2, c = lane & 3;
     const int64_t mine =
         static_cast<int64_t>(tc.seg_begin + 2 * c) * kDecodeBlockRows + warp * Cfg::kMFrags * kTileRows + g;
     auto at = [&](int f, int half, int q) { return mine + q * kDecodeBlockRows + f * kTileRows + 8 * half; };
     if (warp_active) {
-      float* const slab = const_cast<float*>(base) + w.part * plane;
+      float* const slab = base + w.part * plane;
 #pragma unroll
       for (int f = 0; f < Cfg::kMFrags; ++f)
 #pragma unroll
@@ -178,7 +178,8 @@ __device__ __forceinline__ void RunDecodeUnit(const DecodeParams& d, const GemmP
 }
 
 template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads, kDecodeCtasPerSm) MoeDecodeKernel(const __grid_constant__ DecodeParams d) {
+__global__ void __launch_bounds__(Cfg::kThreads, kDecodeCtasPerSm)
+    MoeDecodeKernel(const __grid_constant__ DecodeParams d) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900)
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ int32_t smem_rows[Cfg::kBlockN];
@@ -260,8 +261,8 @@ cudaError_t LaunchFusedDecode(const DecodeParams& d, cudaStream_t stream) {
       ((pl.s1 > 1 || pl.s2 > 1) && d.partials == nullptr))
     return cudaErrorInvalidValue;
   // FC2 step 2 m + j reads the intermediates FC1's row block m writes (decode_plan.h).
-  if (d.fc2.a_shape.cols != d.fc1.a_shape.rows / 2 || kTileCols * kFc2StepsPerFc1Block != kBlockRowGroups * 8)
-    return cudaErrorInvalidValue;
+  static_assert(kTileCols * kFc2StepsPerFc1Block == kBlockRowGroups * 8, "an FC1 row block's intermediates");
+  if (d.fc2.a_shape.cols != d.fc1.a_shape.rows / 2) return cudaErrorInvalidValue;
   const int64_t units = static_cast<int64_t>(d.max_tiles) * (pl.m1 * pl.s1 + pl.m2 * pl.s2);
   if (units == 0) return cudaSuccess;
   if (units > INT32_MAX) return cudaErrorInvalidValue;
