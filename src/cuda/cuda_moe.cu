@@ -167,6 +167,14 @@ struct GemmCall {
   uint8_t* decode_ws = nullptr;
   bool fused_decode = false;
   int64_t decode_pairs = 0;
+  // The chunk's ids, tokens and output rows, for the combine when the fused decode kernel folds it
+  // in (fold_combine, set by PlanFusedDecode: the call then launches no combine kernel).
+  const int32_t* topk_ids = nullptr;
+  int64_t tokens = 0;
+  int64_t first_expert = 0;
+  void* out = nullptr;
+  OutputDType out_dtype = OutputDType::kF32;
+  bool fold_combine = false;
 };
 
 // A chunk's GEMM configs (FC1's and FC2's, the same unless forced apart) and its routing tile
@@ -309,10 +317,18 @@ class Sm90Path final : public KernelPath {
       cuda::DecodeParams d;
       d.fc1 = g1;
       d.fc2 = g2;
-      d.plan = DecodePlanOf(call.decode_pairs);
+      d.plan = DecodePlanOf(call.decode_pairs, call.fold_combine ? call.tokens : 0);
       d.max_tiles = static_cast<int32_t>(call.max_tiles);
       d.sync = reinterpret_cast<int32_t*>(call.decode_ws);
       d.pairs = static_cast<int32_t>(call.decode_pairs);
+      if (call.fold_combine) {
+        d.topk_ids = call.topk_ids;
+        d.first_expert = call.first_expert;
+        d.num_local = static_cast<int32_t>(dims_.num_local);
+        d.tokens = static_cast<int32_t>(call.tokens);
+        d.out = call.out;
+        d.out_dtype = call.out_dtype;
+      }
       if (d.plan.s1 > 1 || d.plan.s2 > 1)
         d.partials = reinterpret_cast<float*>(call.decode_ws + DecodeSyncBytes(d.plan, call.max_tiles));
       return CudaCheck(cuda::LaunchFusedDecode(d, stream), "fused decode GEMMs (" + choice.name + ")");
@@ -342,21 +358,25 @@ class Sm90Path final : public KernelPath {
     const int n8f = static_cast<int>(cuda::GemmConfigId::kN8f);
     return choice.config == n8f && choice.config_fc2 == n8f && pairs <= cuda::kDecodeMaxPairs;
   }
-  // n8f where it does not fuse (past kDecodeMaxPairs, in pair chunks) runs n8's two kernels.
+  // n8f where it does not fuse (past kDecodeMaxPairs, in pair chunks) runs n8's two kernels; where
+  // it does, with MXMOE_DECODE_COMBINE, the combine too.
   std::string RunName(const GemmChoice& choice, bool fused) const override {
     const int n8f = static_cast<int>(cuda::GemmConfigId::kN8f);
-    return choice.config == n8f && choice.config_fc2 == n8f && !fused ? choice.name + " as n8" : choice.name;
+    if (choice.config != n8f || choice.config_fc2 != n8f) return choice.name;
+    return choice.name + (!fused ? " as n8" : cuda::DecodeCombineEnabled() ? "+combine" : "");
   }
   void PlanFusedDecode(int64_t pairs, GemmCall* call, cuda::PrepareParams* pp) const override {
     call->fused_decode = true;
     call->decode_pairs = pairs;
+    call->fold_combine = cuda::DecodeCombineEnabled();
     pp->zero = reinterpret_cast<int32_t*>(call->decode_ws);
     pp->zero_words = cuda::DecodeSyncWords(DecodePlanOf(pairs), call->max_tiles);
   }
 
  private:
-  // Row blocks and steps of the two GEMMs, and the parts for a call of `pairs` pairs.
-  cuda::DecodePlan DecodePlanOf(int64_t pairs) const {
+  // Row blocks and steps of the two GEMMs, the parts for a call of `pairs` pairs, and the token
+  // groups of the folded combine of `combine_tokens` tokens (0: none).
+  cuda::DecodePlan DecodePlanOf(int64_t pairs, int64_t combine_tokens = 0) const {
     cuda::DecodePlan plan;
     plan.m1 = static_cast<int32_t>((w13_.row_groups + cuda::kBlockRowGroups - 1) / cuda::kBlockRowGroups);
     plan.m2 = static_cast<int32_t>((w2_.row_groups + cuda::kBlockRowGroups - 1) / cuda::kBlockRowGroups);
@@ -364,6 +384,7 @@ class Sm90Path final : public KernelPath {
     plan.k2 = static_cast<int32_t>(w2_.col_tiles);
     plan.s1 = cuda::DecodeSplitFor(pairs, plan.k1);
     plan.s2 = cuda::DecodeSplitFor(pairs, plan.k2);
+    plan.combine_groups = cuda::DecodeCombineGroups(combine_tokens);
     return plan;
   }
   // The words for calls of at most max_tiles tiles, in whole 256-byte units (the sums follow).
@@ -1031,7 +1052,12 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
     rp.warp_max = cuda::WarpRouteEnabled() ? cuda::kWarpRoutePairs : 0;
     // Tiles <= pairs / tile + one partial tile per touched expert.
     call.max_tiles = std::min(pairs, (pairs + gemm.tile_tokens - 1) / gemm.tile_tokens + std::min(n_local, pairs));
-    call.fused_decode = false;
+    call.fused_decode = call.fold_combine = false;
+    call.topk_ids = in.topk_ids + t0 * top_k;
+    call.tokens = tc;
+    call.first_expert = first_expert_;
+    call.out = static_cast<uint8_t*>(out.data) + t0 * k_dim * out_elt;
+    call.out_dtype = out.dtype;
     if (fuse) path_->PlanFusedDecode(pairs, &call, &pp);
     if (fused_routing) {
       MXMOE_RETURN_IF_ERROR(
@@ -1053,11 +1079,12 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
     stage_times.Mark(1);
     MXMOE_RETURN_IF_ERROR(path_->LaunchGemms(gemm, call, stream));
     stage_times.Mark(2);
-    MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchCombine(y, in.topk_ids + t0 * top_k, tc, static_cast<int32_t>(top_k),
-                                                        k_dim, first_expert_, static_cast<int32_t>(n_local),
-                                                        out.dtype, static_cast<uint8_t*>(out.data) + t0 * k_dim * out_elt,
-                                                        stream),
-                                    "combine kernel"));
+    if (!call.fold_combine) {
+      MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchCombine(y, call.topk_ids, tc, static_cast<int32_t>(top_k), k_dim,
+                                                          first_expert_, static_cast<int32_t>(n_local), out.dtype,
+                                                          call.out, stream),
+                                      "combine kernel"));
+    }
     stage_times.Mark(3);
     stage_times.EndChunk();
   }

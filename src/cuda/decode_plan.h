@@ -14,6 +14,11 @@
 // their intermediates: FC1 row block m holds the 128 intermediates of FC2 steps 2 m and 2 m + 1.
 // So the FC1 row blocks FC2's first part reads are computed first, and by the time the CTAs reach
 // FC2's part g its inputs are long written; the weights stream on across the GEMMs' boundary.
+//
+// With the combine folded in (combine_groups > 0, MXMOE_DECODE_COMBINE), units of a third kind
+// follow FC2's (DecodeCombineUnitOf): (FC2 row block m, group of kDecodeCombineTokens tokens), each
+// adding its tokens' rows of y in block m in slot order (the combine kernel's sums) once every
+// tile's FC2 unit of block m has written them.
 #pragma once
 
 #include <cstdint>
@@ -31,11 +36,13 @@ inline constexpr int kDecodeBlockTokens = 8;  // tokens of a tile (n8's BLOCK_N)
 // 64-wide FC2 steps per FC1 row block: a block of 256 W13 rows holds 128 gate and 128 up rows of
 // the same intermediates, which are 128 columns of h.
 inline constexpr int kFc2StepsPerFc1Block = 2;
+inline constexpr int kDecodeCombineTokens = 8;  // tokens of a combine unit
 
 struct DecodePlan {
   int32_t m1 = 0, m2 = 0;  // row blocks of W13 (2 I rows) and W2 (K rows)
   int32_t k1 = 0, k2 = 0;  // 64-wide reduction steps of FC1 (K) and FC2 (I)
   int32_t s1 = 1, s2 = 1;  // parts of each tile's reduction
+  int32_t combine_groups = 0;  // token groups of the folded combine (0: the combine kernel runs)
 };
 
 struct DecodeUnit {
@@ -82,6 +89,17 @@ MXMOE_HD int32_t DecodeFc1Units(const DecodePlan& p, int32_t tiles) { return til
 MXMOE_HD int32_t DecodeUnits(const DecodePlan& p, int32_t tiles) {
   return tiles * (p.m1 * p.s1 + p.m2 * p.s2);
 }
+// The folded combine's units, after DecodeUnits' (they run with no tile too: a rank with no local
+// pair still writes its zeros), and its token groups for a call of `tokens` tokens.
+MXMOE_HD int32_t DecodeCombineUnits(const DecodePlan& p) { return p.m2 * p.combine_groups; }
+MXMOE_HD int32_t DecodeCombineGroups(int64_t tokens) {
+  return static_cast<int32_t>((tokens + kDecodeCombineTokens - 1) / kDecodeCombineTokens);
+}
+// Combine unit c (< DecodeCombineUnits): W2's row block *block, token group *group.
+MXMOE_HD void DecodeCombineUnitOf(const DecodePlan& p, int32_t c, int32_t* block, int32_t* group) {
+  *block = c / p.combine_groups;
+  *group = c % p.combine_groups;
+}
 
 // Unit u (< DecodeUnits) of a call with `tiles` tiles, in the order described above.
 MXMOE_HD DecodeUnit DecodeUnitOf(const DecodePlan& p, int32_t tiles, int32_t u) {
@@ -112,16 +130,22 @@ MXMOE_HD DecodeUnit DecodeUnitOf(const DecodePlan& p, int32_t tiles, int32_t u) 
 
 // The synchronization words of a call with at most max_tiles tiles (zeroed before the launch):
 // FC1's part arrivals per (tile, row block) from word 0, FC2's from DecodeFc2ArrivalsAt, then
-// FC1's "written" flag per (tile, row block) from DecodeReadyAt.
+// FC1's "written" flag per (tile, row block) from DecodeReadyAt, then, per FC2 row block m, the
+// count of tiles whose FC2 unit of m has written y (the folded combine waits for it) from
+// DecodeDoneAt.
 MXMOE_HD int64_t DecodeFc2ArrivalsAt(const DecodePlan& p, int64_t max_tiles) { return max_tiles * p.m1; }
 MXMOE_HD int64_t DecodeReadyAt(const DecodePlan& p, int64_t max_tiles) { return max_tiles * (p.m1 + p.m2); }
-MXMOE_HD int64_t DecodeSyncWords(const DecodePlan& p, int64_t max_tiles) { return max_tiles * (2 * p.m1 + p.m2); }
+MXMOE_HD int64_t DecodeDoneAt(const DecodePlan& p, int64_t max_tiles) { return max_tiles * (2 * p.m1 + p.m2); }
+MXMOE_HD int64_t DecodeSyncWords(const DecodePlan& p, int64_t max_tiles) { return DecodeDoneAt(p, max_tiles) + p.m2; }
 // The arrivals word of (tile, row block) of FC1 (fc1) or FC2, and FC1's flag word of it.
 MXMOE_HD int64_t DecodeArrivalWord(const DecodePlan& p, int64_t max_tiles, bool fc1, int32_t tile, int32_t block) {
   return fc1 ? int64_t{tile} * p.m1 + block : DecodeFc2ArrivalsAt(p, max_tiles) + int64_t{tile} * p.m2 + block;
 }
 MXMOE_HD int64_t DecodeReadyWord(const DecodePlan& p, int64_t max_tiles, int32_t tile, int32_t block) {
   return DecodeReadyAt(p, max_tiles) + int64_t{tile} * p.m1 + block;
+}
+MXMOE_HD int64_t DecodeDoneWord(const DecodePlan& p, int64_t max_tiles, int32_t block) {
+  return DecodeDoneAt(p, max_tiles) + block;
 }
 
 // The parts' fp32 sums, [block][part][position][kDecodeBlockRows] per GEMM with s > 1, FC1's

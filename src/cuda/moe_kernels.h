@@ -280,6 +280,14 @@ struct DecodeParams {
   float* partials = nullptr;  // DecodePartialFloats(plan, pairs) floats (null when s1 = s2 = 1)
   int32_t pairs = 0;        // the call's pairs: positions of the partial sums
   int32_t debug_fc1_delay_ns = 0;  // set by LaunchFusedDecode from SetDecodeFc1Delay
+  // The folded combine (plan.combine_groups > 0): the call's [tokens, top_k] ids (slots whose
+  // expert is not in [first_expert, first_expert + num_local) add nothing) and its output rows.
+  const int32_t* topk_ids = nullptr;
+  int64_t first_expert = 0;
+  int32_t num_local = 0;
+  int32_t tokens = 0;
+  void* out = nullptr;
+  OutputDType out_dtype = OutputDType::kF32;
 };
 cudaError_t LaunchFusedDecode(const DecodeParams& d, cudaStream_t stream);
 // Fused decode launches so far in this process (the tests' proof that the fused path ran).
@@ -287,6 +295,10 @@ int64_t FusedDecodeLaunches();
 // For the tests: each FC1 unit of the fused decode kernels launched from now on waits this many
 // ns before it raises its flag, so that FC2 units wait on the flags (0: none, the default).
 void SetDecodeFc1Delay(int32_t ns);
+// The combine folded into the fused decode kernel (decode_plan.h; MXMOE_DECODE_COMBINE=1 at start,
+// off by default until measured: perf-log v21), so that no combine kernel follows it.
+void SetDecodeCombine(bool on);
+bool DecodeCombineEnabled();
 // The persistent FC1 kernel of wg128 (perf-log v7), one CTA per SM: used when on (set at start from
 // MXMOE_FC1_PERSISTENT=1|0, default kPersistentFc1Default); LimitPersistentCtas(n) caps it and the
 // fused decode kernel (n8f) at n CTAs (so that the tests walk many items through each CTA on small

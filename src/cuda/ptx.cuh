@@ -126,6 +126,12 @@ __device__ __forceinline__ int32_t AtomicAddAcqRelGpu(int32_t* p, int32_t v) {
 #endif
   return old;
 }
+// *p += v with release semantics at GPU scope, no value returned (a counter others acquire).
+__device__ __forceinline__ void RedAddReleaseGpu(int32_t* p, int32_t v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+#endif
+}
 // The global nanosecond timer (PTX ISA, %globaltimer).
 __device__ __forceinline__ uint64_t GlobalTimerNs() {
   uint64_t t = 0;

@@ -158,9 +158,9 @@ TEST(DecodePlan, PartsKeepTheirSumsWithinTheWorkspaceBound) {
   EXPECT_EQ(DecodeSplitFor(4, 20), 4);  // at least 4 steps a part
 }
 
-// The words the kernel counts in and raises flags at (DecodeArrivalWord, DecodeReadyWord): one per
-// (GEMM, tile, row block) and one per FC1 (tile, row block), all distinct and all within
-// DecodeSyncWords, the words the input quantization clears.
+// The words the kernel counts in and raises flags at (DecodeArrivalWord, DecodeReadyWord,
+// DecodeDoneWord): one per (GEMM, tile, row block), one per FC1 (tile, row block) and one per FC2
+// row block, all distinct and all within DecodeSyncWords, the words the input quantization clears.
 TEST(DecodePlan, SyncWordsAreDistinctAndCleared) {
   for (const auto& [k, i] : kShapes) {
     const DecodePlan p = PlanOf(k, i, 4, 2);
@@ -174,6 +174,7 @@ TEST(DecodePlan, SyncWordsAreDistinctAndCleared) {
         for (int32_t m = 0; m < p.m2; ++m)
           ASSERT_TRUE(words.insert(DecodeArrivalWord(p, max_tiles, false, tile, m)).second);
       }
+      for (int32_t m = 0; m < p.m2; ++m) ASSERT_TRUE(words.insert(DecodeDoneWord(p, max_tiles, m)).second);
       ASSERT_EQ(static_cast<int64_t>(words.size()), DecodeSyncWords(p, max_tiles));
       EXPECT_EQ(*words.begin(), 0);
       EXPECT_EQ(*words.rbegin(), DecodeSyncWords(p, max_tiles) - 1);
@@ -211,6 +212,29 @@ TEST(DecodePlan, PartialSumsAreDistinctAndWithinTheirFloats) {
       }
       for (bool b : seen) ASSERT_TRUE(b);  // (and nothing unused in between)
     }
+  }
+}
+
+// The folded combine's units: one per (FC2 row block, group of kDecodeCombineTokens tokens), after
+// the GEMMs' units, also with no tile (a rank with no local pair still writes its zeros).
+TEST(DecodePlan, CombineUnitsCoverEveryBlockAndTokenGroupOnce) {
+  for (int64_t tokens : {1, 7, 8, 9, 16, 64, 256}) {
+    DecodePlan p = PlanOf(3584, 3072, 4, 4);
+    p.combine_groups = DecodeCombineGroups(tokens);
+    EXPECT_EQ(p.combine_groups, (tokens + 7) / 8);
+    EXPECT_EQ(DecodeCombineUnits(p), p.m2 * p.combine_groups);
+    std::set<std::pair<int32_t, int32_t>> seen;
+    for (int32_t c = 0; c < DecodeCombineUnits(p); ++c) {
+      int32_t block = -1, group = -1;
+      DecodeCombineUnitOf(p, c, &block, &group);
+      ASSERT_GE(block, 0);
+      ASSERT_LT(block, p.m2);
+      ASSERT_GE(group, 0);
+      ASSERT_LT(int64_t{group} * kDecodeCombineTokens, tokens);
+      ASSERT_TRUE(seen.insert({block, group}).second);
+    }
+    EXPECT_EQ(static_cast<int32_t>(seen.size()), DecodeCombineUnits(p));
+    EXPECT_EQ(DecodeUnits(p, 16), 16 * (p.m1 * 4 + p.m2 * 4));  // (the GEMMs' units alone)
   }
 }
 

@@ -54,22 +54,44 @@ struct KimiLayer {
 // The fp32 output twice (bit for bit the same) and the bf16 output once, the fp32 one against ref;
 // each call through the fused kernel when the call has at most kDecodeMaxPairs pairs (its launch
 // count proves it ran), else through n8's kernels.
+// Turns the folded combine (MXMOE_DECODE_COMBINE) on or off for the scope, then back.
+struct ScopedCombine {
+  const bool before = cuda::DecodeCombineEnabled();
+  explicit ScopedCombine(bool on) { cuda::SetDecodeCombine(on); }
+  ~ScopedCombine() { cuda::SetDecodeCombine(before); }
+};
+
 // The workspace is 0xFF bytes before each run: h holds NaN until FC1 writes it, so an FC2 unit that
-// read it too early would poison the output, and every flag and count would be set.
+// read it too early would poison the output, and every flag and count would be set. With the
+// combine folded into the kernel (fused calls only) the bits are the combine kernel's.
 void ExpectRunsMatch(const CudaMoe& moe, DeviceCase& dc, const std::vector<float>& ref, int64_t pair_width) {
   const int64_t t = dc.tokens(), hidden = moe.Layout().shape.hidden;
   const bool fused = t * moe.Layout().shape.top_k <= cuda::kDecodeMaxPairs;
-  EXPECT_EQ(moe.Plan(t), fused ? "n8f" : "n8f as n8");
   const int64_t launches = cuda::FusedDecodeLaunches();
   const auto garbage = [&] { ASSERT_EQ(cudaMemset(dc.workspace(), 0xFF, dc.workspace_bytes()), cudaSuccess); };
-  garbage();
-  const auto a = dc.RunF32();
-  EXPECT_TRUE(MoeCloseF32(a, ref, {t, hidden}, pair_width));
-  garbage();
-  EXPECT_TRUE(BitwiseEqual(dc.RunF32(), a, {t, hidden}));
-  garbage();
-  EXPECT_TRUE(AllWritten(dc.RunBf16(), {t, hidden}));
-  EXPECT_EQ(cuda::FusedDecodeLaunches() - launches, fused ? 3 : 0);
+  std::vector<float> a;
+  std::vector<uint16_t> a16;
+  {
+    const ScopedCombine off(false);
+    EXPECT_EQ(moe.Plan(t), fused ? "n8f" : "n8f as n8");
+    garbage();
+    a = dc.RunF32();
+    EXPECT_TRUE(MoeCloseF32(a, ref, {t, hidden}, pair_width));
+    garbage();
+    EXPECT_TRUE(BitwiseEqual(dc.RunF32(), a, {t, hidden}));
+    garbage();
+    a16 = dc.RunBf16();
+    EXPECT_TRUE(AllWritten(a16, {t, hidden}));
+  }
+  {
+    const ScopedCombine on(true);
+    EXPECT_EQ(moe.Plan(t), fused ? "n8f+combine" : "n8f as n8");
+    garbage();
+    EXPECT_TRUE(BitwiseEqual(dc.RunF32(), a, {t, hidden})) << "combine folded in";
+    garbage();
+    EXPECT_TRUE(BitwiseEqualBf16(dc.RunBf16(), a16, {t, hidden})) << "combine folded in";
+  }
+  EXPECT_EQ(cuda::FusedDecodeLaunches() - launches, fused ? 5 : 0);
 }
 
 // Small layers against the CPU reference. Parts per GEMM (decode_plan.h, DecodeSplitFor) at T = 1:
@@ -212,6 +234,9 @@ TEST(CudaFusedDecode, Fc2WaitsForDelayedFc1Flags) {
       const Delay delay(50000);  // 50 µs per FC1 row block
       ASSERT_EQ(cudaMemset(dc.workspace(), 0xFF, dc.workspace_bytes()), cudaSuccess);
       EXPECT_TRUE(BitwiseEqual(dc.RunF32(), undelayed, {t, s.hidden}));
+      const ScopedCombine folded(true);  // (its units wait on FC2's, which wait on FC1's)
+      ASSERT_EQ(cudaMemset(dc.workspace(), 0xFF, dc.workspace_bytes()), cudaSuccess);
+      EXPECT_TRUE(BitwiseEqual(dc.RunF32(), undelayed, {t, s.hidden})) << "combine folded in";
     }
   }
 }
@@ -224,8 +249,9 @@ TEST(CudaFusedDecode, GraphReplaysEqualEager) {
   const LayerShape& s = layer.s;
   CudaMoe* const moe = layer.moe.get();
   const ForcedN8f forced;
-  for (int64_t t : {1, 16}) {
-    SCOPED_TRACE("T=" + std::to_string(t));
+  for (const auto& [t, combine] : {std::pair<int64_t, bool>{1, false}, {16, false}, {1, true}, {16, true}}) {
+    SCOPED_TRACE("T=" + std::to_string(t) + (combine ? ", combine folded in" : ""));
+    const ScopedCombine folded(combine);
     DeviceCase dc(*moe, Input(s, t, RoutingPattern::kUniform, 2401 + t));
     CapturedCall captured(dc, OutputDType::kBF16);
     ASSERT_TRUE(captured.status().ok()) << captured.status().ToString();
@@ -243,13 +269,17 @@ TEST(CudaFusedDecode, GraphReplaysEqualEager) {
 
 // Expert- and tensor-parallel slices: each rank's output against the CPU reference of its slice
 // (other ranks' pairs sort last and make no tiles; a TP slice has fewer FC1 row blocks and steps).
+// With one-expert routing three of four EP ranks have no local pair: no tile, only zeros to write
+// (by the folded combine's units too).
 TEST(CudaFusedDecode, SlicesMatchTheirCpuReference) {
   MXMOE_REQUIRE_SM90();
   const LayerShape s{64, 512, 256, 6};
   const ActivationSpec act = SpecFor(ActivationType::Situ, s.num_experts);
   const ForcedN8f forced;
-  for (int64_t t : {2, 16, 40}) {
-    const SyntheticInput in = Input(s, t, RoutingPattern::kHeavyHitters, 2500 + t);
+  for (const auto& [t, pat] : {std::pair<int64_t, RoutingPattern>{2, RoutingPattern::kHeavyHitters},
+                               {16, RoutingPattern::kHeavyHitters}, {40, RoutingPattern::kHeavyHitters},
+                               {3, RoutingPattern::kOneExpert}}) {
+    const SyntheticInput in = Input(s, t, pat, 2500 + t);
     for (const auto& [ep, tp] : {std::pair{4, 1}, std::pair{1, 2}, std::pair{2, 2}}) {
       for (int r = 0; r < ep * tp; ++r) {
         ParallelSlice slice;

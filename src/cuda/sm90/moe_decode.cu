@@ -17,6 +17,8 @@
 //      last part to arrive goes on: it adds the parts' sums in part order;
 //   5. runs the epilogue (FC1: activation and re-quantization into h, then raises the flag of its
 //      row block; FC2: y).
+// With the combine folded in (MXMOE_DECODE_COMBINE), combine units follow (decode_plan.h): each
+// waits until every tile's FC2 unit of its row block has counted itself done, then adds y's rows.
 // Memory order: the sums and h are written, the CTA meets at a barrier, and thread 0 counts in
 // (an acq_rel atomic) or raises the flag (a release store); the reader's thread 0 sees the count
 // (the same atomic's acquire) or the flag (an acquire load), and the CTA meets at a barrier before
@@ -59,8 +61,24 @@ __device__ __forceinline__ void WaitForFlag(const int32_t* flag, const DecodeUni
   (void)ptx::LoadAcquireGpu(flag);
 }
 
-// Steps 2 to 5 of one unit, for every thread of the CTA.
-template <class Cfg, bool kFc1>
+// Thread 0, combine units: until *count >= target (the tiles whose FC2 unit of a row block has
+// written y), as WaitForFlag waits. (It traps without a message: a second printf call site made
+// ptxas spill in the main loop of the instance with the combine.)
+template <class = void>
+__device__ __forceinline__ void WaitForCount(const int32_t* count, int32_t target) {
+  constexpr int64_t kWaitLimitNs = 2000000000;
+  if (ptx::LoadAcquireGpu(count) >= target) return;
+  const uint64_t start = ptx::GlobalTimerNs();
+  while (ptx::LoadRelaxedGpu(count) < target) {
+    __nanosleep(128);
+    if (static_cast<int64_t>(ptx::GlobalTimerNs() - start) > kWaitLimitNs) __trap();
+  }
+  (void)ptx::LoadAcquireGpu(count);
+}
+
+// Steps 2 to 5 of one unit, for every thread of the CTA (kCombine: the FC2 units count themselves
+// done per row block for the folded combine).
+template <class Cfg, bool kFc1, bool kCombine>
 __device__ __forceinline__ void RunDecodeUnit(const DecodeParams& d, const GemmParams& p, const DecodeUnit& w,
                                               uint8_t* smem, int32_t* smem_rows, int32_t* smem_last) {
   static_assert(Cfg::kBlockM == kDecodeBlockRows && Cfg::kBlockN == kDecodeBlockTokens, "decode_plan.h's unit");
@@ -174,10 +192,49 @@ __device__ __forceinline__ void RunDecodeUnit(const DecodeParams& d, const GemmP
       }
       ptx::StoreReleaseGpu(d.sync + DecodeReadyWord(d.plan, d.max_tiles, w.tile, w.block), 1);
     }
+  } else if constexpr (kCombine) {
+    __syncthreads();  // every thread's y stores are done: the release below covers them
+    if (tid == 0) ptx::RedAddReleaseGpu(d.sync + DecodeDoneWord(d.plan, d.max_tiles, w.block), 1);
   }
 }
 
+// A combine unit (decode_plan.h): out[t, rows of W2's row block] for the tokens t of the group,
+// once every tile's FC2 unit of the block has written its y rows: the sum in slot order of the
+// rows y[t * k + j] of the slots j whose expert is local (CombineKernel's sum, bit for bit). Two
+// rows a thread.
 template <class Cfg>
+__device__ __forceinline__ void RunCombineUnit(const DecodeParams& d, int32_t block, int32_t group, int32_t tiles) {
+  static_assert(kDecodeBlockRows == 2 * Cfg::kThreads, "two rows of the block a thread");
+  const int tid = threadIdx.x;
+  if (tid == 0) WaitForCount(d.sync + DecodeDoneWord(d.plan, d.max_tiles, block), tiles);
+  __syncthreads();  // (after thread 0's acquire: every thread's reads of y come after it)
+  const GemmParams& p = d.fc2;
+  const int64_t hidden = p.a_shape.rows, row = static_cast<int64_t>(block) * kDecodeBlockRows + 2 * tid;
+  if (row >= hidden) return;  // (K is even: a thread's two rows are both real or both not)
+  const int t_end = min(d.tokens, (group + 1) * kDecodeCombineTokens);
+  for (int t = group * kDecodeCombineTokens; t < t_end; ++t) {
+    float2 acc = make_float2(0.0f, 0.0f);
+    for (int j = 0; j < p.top_k; ++j) {
+      const int64_t pair = static_cast<int64_t>(t) * p.top_k + j;
+      const int64_t local = static_cast<int64_t>(d.topk_ids[pair]) - d.first_expert;
+      if (local < 0 || local >= d.num_local) continue;  // ids of -1 and other ranks' experts add nothing
+      const float2 v = __ldcg(reinterpret_cast<const float2*>(p.y + pair * p.y_stride + row));
+      acc.x += v.x;
+      acc.y += v.y;
+    }
+    const int64_t at = static_cast<int64_t>(t) * hidden + row;
+    if (d.out_dtype == OutputDType::kF32) {
+      *reinterpret_cast<float2*>(static_cast<float*>(d.out) + at) = acc;
+    } else {
+      *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(d.out) + at) =
+          float_to_bf16(acc.x) | (static_cast<uint32_t>(float_to_bf16(acc.y)) << 16);
+    }
+  }
+}
+
+// kCombine: the instance with the combine folded in (plan.combine_groups > 0); the other has none
+// of its code (at 72 registers, a first version with it in one instance spilled in the main loop).
+template <class Cfg, bool kCombine>
 __global__ void __launch_bounds__(Cfg::kThreads, kDecodeCtasPerSm)
     MoeDecodeKernel(const __grid_constant__ DecodeParams d) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900)
@@ -187,19 +244,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, kDecodeCtasPerSm)
   ptx::EnterPipelineKernel();
   const int32_t tiles = *d.fc1.num_tiles;
   if (tiles > d.max_tiles) __trap();  // (the words' layout holds max_tiles tiles; the routing keeps to it)
-  const int32_t units = DecodeUnits(d.plan, tiles);
+  const int32_t gemm_units = DecodeUnits(d.plan, tiles);
+  const int32_t units = kCombine ? gemm_units + DecodeCombineUnits(d.plan) : gemm_units;
   if (threadIdx.x == 0) smem_unit = atomicAdd(d.fc1.work_counter, 1);
   __syncthreads();
   int32_t u = smem_unit;
   while (u < units) {  // (uniform)
     // The next unit is taken now, its atomic's latency hidden behind this unit. (No deadlock from
-    // holding it: a CTA on an FC1 unit waits for nothing, and one on an FC2 unit holds an FC2 one,
-    // which nothing waits for.)
+    // holding it: a CTA on an FC1 unit waits for nothing; one on an FC2 unit holds an FC2 or a
+    // combine unit, and combine units wait only for FC2 units, all taken before them; one on a
+    // combine unit holds a combine unit, which nothing waits for.)
     int32_t next = 0;
     if (threadIdx.x == 0) next = atomicAdd(d.fc1.work_counter, 1);
-    const DecodeUnit w = DecodeUnitOf(d.plan, tiles, u);
-    if (w.fc1) RunDecodeUnit<Cfg, true>(d, d.fc1, w, smem, smem_rows, &smem_last);
-    else RunDecodeUnit<Cfg, false>(d, d.fc2, w, smem, smem_rows, &smem_last);
+    if (!kCombine || u < gemm_units) {
+      const DecodeUnit w = DecodeUnitOf(d.plan, tiles, u);
+      if (w.fc1) RunDecodeUnit<Cfg, true, kCombine>(d, d.fc1, w, smem, smem_rows, &smem_last);
+      else RunDecodeUnit<Cfg, false, kCombine>(d, d.fc2, w, smem, smem_rows, &smem_last);
+    } else if constexpr (kCombine) {
+      int32_t block = 0, group = 0;
+      DecodeCombineUnitOf(d.plan, u - gemm_units, &block, &group);
+      RunCombineUnit<Cfg>(d, block, group, tiles);
+    }
     // Every thread is done with the unit (smem_unit, smem_last, the stages and the planes) before
     // thread 0 hands out the next one and the copies refill the stages.
     __syncthreads();
@@ -212,9 +277,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, kDecodeCtasPerSm)
 #endif
 }
 
-int DecodeResidentCtas(bool) {
-  return ResidentCtas(MoeDecodeKernel<DecodeConfig>, DecodeConfig::kThreads, DecodeConfig::kSmemBytes);
+// CTAs per SM of the instance with (combine) or without the folded combine.
+int DecodeResidentCtasOf(bool combine) {
+  return ResidentCtas(combine ? MoeDecodeKernel<DecodeConfig, true> : MoeDecodeKernel<DecodeConfig, false>,
+                      DecodeConfig::kThreads, DecodeConfig::kSmemBytes);
 }
+int DecodeResidentCtas(bool) { return DecodeResidentCtasOf(false); }
 
 // Larger calls: n8's kernels, without the L2 look-ahead (n8f does not read it, and its plan's name
 // does not say it).
@@ -229,7 +297,7 @@ template <class Cfg>
 cudaError_t PrepareN8f() {
   const cudaError_t e = PrepareGemmConfig<Cfg>();
   if (e != cudaSuccess) return e;
-  return cudaFuncSetAttribute(MoeDecodeKernel<Cfg>, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+  return AllowDynamicSmem(MoeDecodeKernel<Cfg, false>, MoeDecodeKernel<Cfg, true>, Cfg::kSmemBytes);
 }
 
 template <class Cfg>
@@ -258,34 +326,39 @@ cudaError_t LaunchFusedDecode(const DecodeParams& d, cudaStream_t stream) {
       d.pairs < 0 || d.pairs > kDecodeMaxPairs || pl.s1 < 1 || pl.s1 > kDecodeMaxSplit || pl.s2 < 1 ||
       pl.s2 > kDecodeMaxSplit || pl.m1 != d.fc1.m_tiles || pl.m2 != d.fc2.m_tiles ||
       pl.k1 != d.fc1.a_shape.col_tiles || pl.k2 != d.fc2.a_shape.col_tiles ||
-      ((pl.s1 > 1 || pl.s2 > 1) && d.partials == nullptr))
+      ((pl.s1 > 1 || pl.s2 > 1) && d.partials == nullptr) || pl.combine_groups < 0 ||
+      (pl.combine_groups > 0 && (d.topk_ids == nullptr || d.out == nullptr || d.fc2.a_shape.rows % 2 != 0 ||
+                                 pl.combine_groups != DecodeCombineGroups(d.tokens))))
     return cudaErrorInvalidValue;
   // FC2 step 2 m + j reads the intermediates FC1's row block m writes (decode_plan.h).
   static_assert(kTileCols * kFc2StepsPerFc1Block == kBlockRowGroups * 8, "an FC1 row block's intermediates");
   if (d.fc2.a_shape.cols != d.fc1.a_shape.rows / 2) return cudaErrorInvalidValue;
-  const int64_t units = static_cast<int64_t>(d.max_tiles) * (pl.m1 * pl.s1 + pl.m2 * pl.s2);
+  const int64_t units =
+      static_cast<int64_t>(d.max_tiles) * (pl.m1 * pl.s1 + pl.m2 * pl.s2) + int64_t{pl.m2} * pl.combine_groups;
   if (units == 0) return cudaSuccess;
   if (units > INT32_MAX) return cudaErrorInvalidValue;
   // The CTA slots of the device (the occupancy API once per device: the launch is on the decode path).
-  static std::atomic<int> slots_of[64];
+  static std::atomic<int> slots_of[64][2];  // [device][with the combine]
+  const bool combine = pl.combine_groups > 0;
   int device = 0;
   if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  int slots = device >= 0 && device < 64 ? slots_of[device].load(std::memory_order_relaxed) : 0;
+  int slots = device >= 0 && device < 64 ? slots_of[device][combine].load(std::memory_order_relaxed) : 0;
   if (slots == 0) {
     int sms = 0;
     if (const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess)
       return e;
-    const int per_sm = sm90::DecodeResidentCtas(true);
+    const int per_sm = sm90::DecodeResidentCtasOf(combine);
     if (per_sm <= 0) return per_sm < 0 ? static_cast<cudaError_t>(-per_sm) : cudaErrorInvalidConfiguration;
     slots = sms * per_sm;
-    if (device >= 0 && device < 64) slots_of[device].store(slots, std::memory_order_relaxed);
+    if (device >= 0 && device < 64) slots_of[device][combine].store(slots, std::memory_order_relaxed);
   }
   int64_t ctas = std::min<int64_t>(units, slots);
   if (const int limit = PersistentCtaLimit(); limit > 0 && limit < ctas) ctas = limit;
   DecodeParams launched = d;
   launched.debug_fc1_delay_ns = g_fc1_delay_ns.load(std::memory_order_relaxed);
-  const cudaError_t e = LaunchKernel(sm90::MoeDecodeKernel<Cfg>, dim3(static_cast<unsigned>(ctas)),
-                                     dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, launched);
+  const auto kernel = combine ? sm90::MoeDecodeKernel<Cfg, true> : sm90::MoeDecodeKernel<Cfg, false>;
+  const cudaError_t e =
+      LaunchKernel(kernel, dim3(static_cast<unsigned>(ctas)), dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, launched);
   if (e == cudaSuccess) g_fused_decode_launches.fetch_add(1, std::memory_order_relaxed);
   return e;
 }
@@ -293,5 +366,15 @@ cudaError_t LaunchFusedDecode(const DecodeParams& d, cudaStream_t stream) {
 int64_t FusedDecodeLaunches() { return g_fused_decode_launches.load(std::memory_order_relaxed); }
 
 void SetDecodeFc1Delay(int32_t ns) { g_fc1_delay_ns.store(ns > 0 ? ns : 0, std::memory_order_relaxed); }
+
+namespace {
+EnvSwitch& DecodeCombine() {
+  static EnvSwitch on{"MXMOE_DECODE_COMBINE", false};
+  return on;
+}
+}  // namespace
+
+void SetDecodeCombine(bool on) { DecodeCombine().Set(on); }
+bool DecodeCombineEnabled() { return DecodeCombine().Get(); }
 
 }  // namespace mxmoe::cuda
