@@ -16,9 +16,9 @@
 // FC2's part g its inputs are long written; the weights stream on across the GEMMs' boundary.
 //
 // With the combine folded in (combine_groups > 0, MXMOE_DECODE_COMBINE), units of a third kind
-// follow FC2's (DecodeCombineUnitOf): (FC2 row block m, group of kDecodeCombineTokens tokens), each
-// adding its tokens' rows of y in block m in slot order (the combine kernel's sums) once every
-// tile's FC2 unit of block m has written them.
+// follow FC2's (DecodeCombineUnitOf): (FC2 row block m, group of kDecodeCombineTokens tokens, i.e.
+// one token), each adding its tokens' rows of y in block m in slot order (the combine kernel's
+// sums) once every tile's FC2 unit of block m has written them.
 #pragma once
 
 #include <cstdint>
@@ -36,7 +36,9 @@ inline constexpr int kDecodeBlockTokens = 8;  // tokens of a tile (n8's BLOCK_N)
 // 64-wide FC2 steps per FC1 row block: a block of 256 W13 rows holds 128 gate and 128 up rows of
 // the same intermediates, which are 128 columns of h.
 inline constexpr int kFc2StepsPerFc1Block = 2;
-inline constexpr int kDecodeCombineTokens = 8;  // tokens of a combine unit
+// Tokens of a combine unit: one, so that calls of 8-16 tokens still spread the combine over many
+// CTAs (with 8, a combine unit's token after token made as many dependent L2 round trips).
+inline constexpr int kDecodeCombineTokens = 1;
 
 struct DecodePlan {
   int32_t m1 = 0, m2 = 0;  // row blocks of W13 (2 I rows) and W2 (K rows)

@@ -221,7 +221,7 @@ TEST(DecodePlan, CombineUnitsCoverEveryBlockAndTokenGroupOnce) {
   for (int64_t tokens : {1, 7, 8, 9, 16, 64, 256}) {
     DecodePlan p = PlanOf(3584, 3072, 4, 4);
     p.combine_groups = DecodeCombineGroups(tokens);
-    EXPECT_EQ(p.combine_groups, (tokens + 7) / 8);
+    EXPECT_EQ(p.combine_groups, (tokens + kDecodeCombineTokens - 1) / kDecodeCombineTokens);
     EXPECT_EQ(DecodeCombineUnits(p), p.m2 * p.combine_groups);
     std::set<std::pair<int32_t, int32_t>> seen;
     for (int32_t c = 0; c < DecodeCombineUnits(p); ++c) {

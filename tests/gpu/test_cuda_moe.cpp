@@ -598,17 +598,20 @@ TEST(CudaMoeSlices, ExpertAndTensorParallelSumToTheFullLayer) {
 // (MXMOE_PAIR_CHUNKS) then route each outer chunk once and run ranges of its sorted pairs that
 // cut through experts' runs. Restores the defaults when it goes.
 struct ChunkSettings {
-  ChunkSettings(size_t workspace_target, bool pair_chunks, int config = -1) : pairs_before(cuda::PairChunksEnabled()) {
+  ChunkSettings(size_t workspace_target, bool pair_chunks, int config = -1, bool combine = false)
+      : pairs_before(cuda::PairChunksEnabled()), combine_before(cuda::DecodeCombineEnabled()) {
     cuda::SetWorkspaceTarget(workspace_target);
     cuda::SetPairChunks(pair_chunks);
     cuda::ForceGemmConfig(config);
+    cuda::SetDecodeCombine(combine);  // (n8f's folded combine, MXMOE_DECODE_COMBINE)
   }
   ~ChunkSettings() {
     cuda::SetWorkspaceTarget(0);
     cuda::SetPairChunks(pairs_before);
     cuda::ForceGemmConfig(-1);
+    cuda::SetDecodeCombine(combine_before);
   }
-  const bool pairs_before;
+  const bool pairs_before, combine_before;
 };
 
 TEST(CudaMoeChunks, TokenAndPairChunksMatchReference) {
@@ -618,10 +621,15 @@ TEST(CudaMoeChunks, TokenAndPairChunksMatchReference) {
   // The heuristics' config, an mma.sync one that gathers its tokens itself, a wgmma one and an
   // mma.sync one fed by TMA that read them gathered in sorted order (LaunchGatherRows on each range),
   // and n8f, whose token chunks here (at most ~40 tokens, 160 pairs) each run the fused decode
-  // kernel in the same workspace words, and whose pair chunks run n8's kernels.
-  const int configs[] = {-1, static_cast<int>(cuda::GemmConfigId::kN32),
-                         static_cast<int>(cuda::GemmConfigId::kWg128d3x3), static_cast<int>(cuda::GemmConfigId::kN32t),
-                         static_cast<int>(cuda::GemmConfigId::kN8f)};
+  // kernel in the same workspace words (also with the combine folded in, each chunk writing its
+  // own rows of the output), and whose pair chunks run n8's kernels.
+  const auto id = [](cuda::GemmConfigId c) { return static_cast<int>(c); };
+  const std::pair<int, bool> configs[] = {{-1, false},
+                                          {id(cuda::GemmConfigId::kN32), false},
+                                          {id(cuda::GemmConfigId::kWg128d3x3), false},
+                                          {id(cuda::GemmConfigId::kN32t), false},
+                                          {id(cuda::GemmConfigId::kN8f), false},
+                                          {id(cuda::GemmConfigId::kN8f), true}};
   // One layer and one set of calls, their CPU references computed once.
   const ExpertSet set = SyntheticSet(s, act, 700);
   struct Call {
@@ -640,16 +648,17 @@ TEST(CudaMoeChunks, TokenAndPairChunksMatchReference) {
       calls.push_back(std::move(c));
     }
   for (size_t target : {size_t{256} << 10, size_t{1} << 20}) {
-    for (int config : configs) {
+    for (const auto& [config, combine] : configs) {
       for (bool pairs : {false, true}) {
-        ChunkSettings chunked(target, pairs, config);
+        ChunkSettings chunked(target, pairs, config, combine);
         auto moe = MakeCudaMoe(set);
         ASSERT_TRUE(moe);
         for (const Call& c : calls) {
           const int64_t t = c.in.num_tokens;
           const std::string plan = moe->Plan(t);
-          SCOPED_TRACE("target " + std::to_string(target) + " config " + std::to_string(config) + " " +
-                       RoutingPatternName(c.pattern) + " T=" + std::to_string(t) + ": " + plan);
+          SCOPED_TRACE("target " + std::to_string(target) + " config " + std::to_string(config) +
+                       (combine ? " combine folded in " : " ") + RoutingPatternName(c.pattern) +
+                       " T=" + std::to_string(t) + ": " + plan);
           // T = 600 chunks at both targets (the point of the test), in the mode asked for; T = 1 never.
           if (t == 600) {
             EXPECT_NE(plan.find(" chunks"), std::string::npos);

@@ -61,9 +61,10 @@ struct ScopedCombine {
   ~ScopedCombine() { cuda::SetDecodeCombine(before); }
 };
 
-// The workspace is 0xFF bytes before each run: h holds NaN until FC1 writes it, so an FC2 unit that
-// read it too early would poison the output, and every flag and count would be set. With the
-// combine folded into the kernel (fused calls only) the bits are the combine kernel's.
+// ExpectRunsMatch: the workspace is 0xFF bytes before each run: h holds NaN until FC1 writes it, so
+// an FC2 unit that read it too early would poison the output, and every flag and count would be
+// set. With the combine folded into the kernel (fused calls only) the bits are the combine
+// kernel's.
 void ExpectRunsMatch(const CudaMoe& moe, DeviceCase& dc, const std::vector<float>& ref, int64_t pair_width) {
   const int64_t t = dc.tokens(), hidden = moe.Layout().shape.hidden;
   const bool fused = t * moe.Layout().shape.top_k <= cuda::kDecodeMaxPairs;
@@ -197,12 +198,15 @@ TEST(CudaFusedDecode, AnyNumberOfCtasGivesTheSameBits) {
   for (int64_t t : {1, 4}) {
     DeviceCase dc(*moe, Input(s, t, RoutingPattern::kHeavyHitters, 2351 + t));
     const auto all = dc.RunF32();
-    for (int ctas : {1, 2, 3}) {
-      SCOPED_TRACE("T=" + std::to_string(t) + ", " + std::to_string(ctas) + " CTAs");
-      cuda::LimitPersistentCtas(ctas);
-      const auto capped = dc.RunF32();
-      cuda::LimitPersistentCtas(0);
-      EXPECT_TRUE(BitwiseEqual(capped, all, {t, s.hidden}));
+    for (bool combine : {false, true}) {  // (with it folded in, its units come last, after FC2's)
+      const ScopedCombine folded(combine);
+      for (int ctas : {1, 2, 3}) {
+        SCOPED_TRACE("T=" + std::to_string(t) + ", " + std::to_string(ctas) + " CTAs" + (combine ? ", combine" : ""));
+        cuda::LimitPersistentCtas(ctas);
+        const auto capped = dc.RunF32();
+        cuda::LimitPersistentCtas(0);
+        EXPECT_TRUE(BitwiseEqual(capped, all, {t, s.hidden}));
+      }
     }
   }
 }
@@ -299,6 +303,26 @@ TEST(CudaFusedDecode, SlicesMatchTheirCpuReference) {
   }
 }
 
+// Ids out of range (>= E, < -1) are skipped like -1 by the fused kernel and by its folded combine,
+// as by the rest of the pipeline (CudaMoeSmall.OutOfRangeIdsAreSkipped).
+TEST(CudaFusedDecode, OutOfRangeIdsAreSkipped) {
+  MXMOE_REQUIRE_SM90();
+  const LayerShape s{8, 128, 64, 4};
+  ExpertSet set = SyntheticSet(s, Act(ActivationType::Swiglu), 2650);
+  auto moe = MakeCudaMoe(set);
+  ASSERT_TRUE(moe);
+  const ForcedN8f forced;
+  SyntheticInput in = Input(s, 40, RoutingPattern::kUniform, 2651);
+  SyntheticInput clean = in;
+  const int32_t junk[] = {8, 1000000, -2, -7, 2147483647, -2147483647 - 1};
+  for (size_t i = 0; i < in.topk_ids.size(); i += 3) {
+    in.topk_ids[i] = junk[(i / 3) % 6];
+    clean.topk_ids[i] = -1;  // the reference refuses such ids; they mean "no expert"
+  }
+  DeviceCase dc(*moe, in);
+  ExpectRunsMatch(*moe, dc, ReferenceF32(set, InputOf(clean)), s.top_k * s.intermediate);
+}
+
 // MXMOE_STAGE_TIMES's lines (the device-gpu.sh timeline stage reads them): one per eager call, with
 // the plan and three positive times that add up to the total; none for a captured call.
 TEST(CudaStageTimes, EachEagerCallPrintsItsStages) {
@@ -308,6 +332,7 @@ TEST(CudaStageTimes, EachEagerCallPrintsItsStages) {
   auto moe = MakeCudaMoe(set);
   ASSERT_TRUE(moe);
   const ForcedN8f forced;
+  const ScopedCombine unfolded(false);  // (the combine kernel's time is the third one)
   DeviceCase dc(*moe, Input(s, 3, RoutingPattern::kUniform, 2601));
   struct On {
     On() { cuda::SetStageTimes(true); }

@@ -16,16 +16,18 @@
 //   4. with parts (s > 1), writes its sums at its part's place, counts itself in, and only the
 //      last part to arrive goes on: it adds the parts' sums in part order;
 //   5. runs the epilogue (FC1: activation and re-quantization into h, then raises the flag of its
-//      row block; FC2: y).
+//      row block; FC2: y, then, with the combine folded in, counts its row block done).
 // With the combine folded in (MXMOE_DECODE_COMBINE), combine units follow (decode_plan.h): each
 // waits until every tile's FC2 unit of its row block has counted itself done, then adds y's rows.
 // Memory order: the sums and h are written, the CTA meets at a barrier, and thread 0 counts in
 // (an acq_rel atomic) or raises the flag (a release store); the reader's thread 0 sees the count
 // (the same atomic's acquire) or the flag (an acquire load), and the CTA meets at a barrier before
 // it reads them through L2 (__ldcg, cp.async.cg). CUTLASS's barrier arrive / wait has this shape.
-// No deadlock: a unit waits only for FC1 units, which wait for nothing and were all taken before
-// any FC2 unit, by CTAs that are running (whatever else shares the SMs). A flag that does not come
-// within 2 s traps instead of hanging.
+// The folded combine's done counts are added with release after the barrier, and read as the flags
+// are. No deadlock: an FC2 unit waits only for FC1 units, which wait for nothing and were all taken
+// before any FC2 unit, by CTAs that are running (whatever else shares the SMs); a combine unit waits
+// only for FC2 units, all taken before it. A wait that does not end within 2 s traps instead of
+// hanging.
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -198,37 +200,46 @@ __device__ __forceinline__ void RunDecodeUnit(const DecodeParams& d, const GemmP
   }
 }
 
-// A combine unit (decode_plan.h): out[t, rows of W2's row block] for the tokens t of the group,
-// once every tile's FC2 unit of the block has written its y rows: the sum in slot order of the
-// rows y[t * k + j] of the slots j whose expert is local (CombineKernel's sum, bit for bit). Two
-// rows a thread.
+// A combine unit (decode_plan.h): out[t, rows of W2's row block] for the unit's token t, once every
+// tile's FC2 unit of the block has written its y rows: the sum in slot order of the rows
+// y[t * k + j] of the slots j whose expert is local (CombineKernel's sum, bit for bit). Two rows a
+// thread; as in CombineKernel, a batch of kCombineSlots slots' rows is loaded before any is added,
+// so that many loads are in flight.
 template <class Cfg>
-__device__ __forceinline__ void RunCombineUnit(const DecodeParams& d, int32_t block, int32_t group, int32_t tiles) {
+__device__ __forceinline__ void RunCombineUnit(const DecodeParams& d, int32_t block, int32_t t, int32_t tiles) {
   static_assert(kDecodeBlockRows == 2 * Cfg::kThreads, "two rows of the block a thread");
+  static_assert(kDecodeCombineTokens == 1, "a unit per token");
+  constexpr int kCombineSlots = 8;
   const int tid = threadIdx.x;
   if (tid == 0) WaitForCount(d.sync + DecodeDoneWord(d.plan, d.max_tiles, block), tiles);
   __syncthreads();  // (after thread 0's acquire: every thread's reads of y come after it)
   const GemmParams& p = d.fc2;
   const int64_t hidden = p.a_shape.rows, row = static_cast<int64_t>(block) * kDecodeBlockRows + 2 * tid;
   if (row >= hidden) return;  // (K is even: a thread's two rows are both real or both not)
-  const int t_end = min(d.tokens, (group + 1) * kDecodeCombineTokens);
-  for (int t = group * kDecodeCombineTokens; t < t_end; ++t) {
-    float2 acc = make_float2(0.0f, 0.0f);
-    for (int j = 0; j < p.top_k; ++j) {
-      const int64_t pair = static_cast<int64_t>(t) * p.top_k + j;
-      const int64_t local = static_cast<int64_t>(d.topk_ids[pair]) - d.first_expert;
-      if (local < 0 || local >= d.num_local) continue;  // ids of -1 and other ranks' experts add nothing
-      const float2 v = __ldcg(reinterpret_cast<const float2*>(p.y + pair * p.y_stride + row));
-      acc.x += v.x;
-      acc.y += v.y;
+  float2 acc = make_float2(0.0f, 0.0f);
+  for (int j0 = 0; j0 < p.top_k; j0 += kCombineSlots) {
+    float2 v[kCombineSlots];
+    bool use[kCombineSlots];
+#pragma unroll
+    for (int b = 0; b < kCombineSlots; ++b) {
+      const int64_t pair = static_cast<int64_t>(t) * p.top_k + j0 + b;
+      const int64_t local = j0 + b < p.top_k ? static_cast<int64_t>(d.topk_ids[pair]) - d.first_expert : -1;
+      use[b] = local >= 0 && local < d.num_local;  // ids of -1 and other ranks' experts add nothing
+      v[b] = use[b] ? __ldcg(reinterpret_cast<const float2*>(p.y + pair * p.y_stride + row)) : make_float2(0.0f, 0.0f);
     }
-    const int64_t at = static_cast<int64_t>(t) * hidden + row;
-    if (d.out_dtype == OutputDType::kF32) {
-      *reinterpret_cast<float2*>(static_cast<float*>(d.out) + at) = acc;
-    } else {
-      *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(d.out) + at) =
-          float_to_bf16(acc.x) | (static_cast<uint32_t>(float_to_bf16(acc.y)) << 16);
+#pragma unroll
+    for (int b = 0; b < kCombineSlots; ++b) {
+      if (!use[b]) continue;
+      acc.x += v[b].x;
+      acc.y += v[b].y;
     }
+  }
+  const int64_t at = static_cast<int64_t>(t) * hidden + row;
+  if (d.out_dtype == OutputDType::kF32) {
+    *reinterpret_cast<float2*>(static_cast<float*>(d.out) + at) = acc;
+  } else {
+    *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(d.out) + at) =
+        float_to_bf16(acc.x) | (static_cast<uint32_t>(float_to_bf16(acc.y)) << 16);
   }
 }
 
@@ -261,9 +272,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, kDecodeCtasPerSm)
       if (w.fc1) RunDecodeUnit<Cfg, true, kCombine>(d, d.fc1, w, smem, smem_rows, &smem_last);
       else RunDecodeUnit<Cfg, false, kCombine>(d, d.fc2, w, smem, smem_rows, &smem_last);
     } else if constexpr (kCombine) {
-      int32_t block = 0, group = 0;
-      DecodeCombineUnitOf(d.plan, u - gemm_units, &block, &group);
-      RunCombineUnit<Cfg>(d, block, group, tiles);
+      int32_t block = 0, token = 0;
+      DecodeCombineUnitOf(d.plan, u - gemm_units, &block, &token);
+      RunCombineUnit<Cfg>(d, block, token, tiles);
     }
     // Every thread is done with the unit (smem_unit, smem_last, the stages and the planes) before
     // thread 0 hands out the next one and the copies refill the stages.
