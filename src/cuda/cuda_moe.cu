@@ -1088,7 +1088,10 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
     stage_times.Mark(3);
     stage_times.EndChunk();
   }
-  if (stage_times.on()) stage_times.Print(t_count, Plan(t_count));
+  if (stage_times.on()) {
+    stage_times.Print(t_count, Plan(t_count) + " (K=" + Str(dims_.hidden) + " I=" + Str(dims_.inter) +
+                                   " E=" + Str(dims_.num_experts) + ")");
+  }
   return debug.End();
 }
 

@@ -349,10 +349,11 @@ TEST(CudaStageTimes, EachEagerCallPrintsItsStages) {
   const std::string err = testing::internal::GetCapturedStderr();
   int lines = 0;
   size_t at = 0;
-  while ((at = err.find("mxmoe stages: T=3 n8f: routing ", at)) != std::string::npos) {
+  while ((at = err.find("mxmoe stages: T=3 n8f (K=256 I=160 E=8): routing ", at)) != std::string::npos) {
     double routing = 0, gemms = 0, combine = 0, total = 0;
     ASSERT_EQ(std::sscanf(err.c_str() + at,
-                          "mxmoe stages: T=3 n8f: routing %lf us, GEMMs %lf us, combine %lf us, total %lf us",
+                          "mxmoe stages: T=3 n8f (K=256 I=160 E=8): routing %lf us, GEMMs %lf us, combine %lf us, "
+                          "total %lf us",
                           &routing, &gemms, &combine, &total),
               4)
         << err;
