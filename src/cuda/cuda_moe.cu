@@ -162,11 +162,12 @@ struct GemmCall {
   const float* gate_bias = nullptr;
   const float* up_bias = nullptr;
   // The fused decode kernel's buffers (KernelPath::DecodeBytes of the chunk's pairs), and whether
-  // this call runs it (set by KernelPath::PlanFusedDecode, which also has the input quantization's
-  // launch clear its synchronization words).
+  // this call runs it, with which plan for how many pairs (set by KernelPath::PlanFusedDecode,
+  // which also has the input quantization's launch clear its synchronization words).
   uint8_t* decode_ws = nullptr;
   bool fused_decode = false;
   int64_t decode_pairs = 0;
+  cuda::DecodePlan decode_plan;
   // The chunk's ids, tokens and output rows, for the combine when the fused decode kernel folds it
   // in (fold_combine, set by PlanFusedDecode: the call then launches no combine kernel).
   const int32_t* topk_ids = nullptr;
@@ -280,7 +281,6 @@ class Sm90Path final : public KernelPath {
     g.y = call.y;
     g.y_stride = dims_.hidden;
     g.topk_weights = call.topk_weights;
-    g.l2_ahead = cuda::L2Ahead();
 
     cuda::GemmParams g1 = g;
     g1.a_tiles = w13_tiles_.As<uint8_t>();
@@ -303,7 +303,12 @@ class Sm90Path final : public KernelPath {
       g1.b_rows = max_rows;
     }
     g1.m_tiles = m_tiles13;
+    // The L2 look-ahead for a config that reads it (Choose names it where it does); the others,
+    // n8f's fallback to n8's kernels too, get none.
+    const cuda::GemmConfigId id2 = static_cast<cuda::GemmConfigId>(choice.config_fc2);
+    g1.l2_ahead = cuda::GemmInfo(id).looks_ahead ? cuda::L2Ahead() : 0;
     cuda::GemmParams g2 = g;
+    g2.l2_ahead = cuda::GemmInfo(id2).looks_ahead ? cuda::L2Ahead() : 0;
     if (call.fc2_pairs != nullptr) g2.sorted_pairs = call.fc2_pairs;
     if (call.fc2_weights != nullptr) g2.topk_weights = call.fc2_weights;
     g2.a_tiles = w2_tiles_.As<uint8_t>();
@@ -317,7 +322,7 @@ class Sm90Path final : public KernelPath {
       cuda::DecodeParams d;
       d.fc1 = g1;
       d.fc2 = g2;
-      d.plan = DecodePlanOf(call.decode_pairs, call.fold_combine ? call.tokens : 0);
+      d.plan = call.decode_plan;
       d.max_tiles = static_cast<int32_t>(call.max_tiles);
       d.sync = reinterpret_cast<int32_t*>(call.decode_ws);
       d.pairs = static_cast<int32_t>(call.decode_pairs);
@@ -325,7 +330,6 @@ class Sm90Path final : public KernelPath {
         d.topk_ids = call.topk_ids;
         d.first_expert = call.first_expert;
         d.num_local = static_cast<int32_t>(dims_.num_local);
-        d.tokens = static_cast<int32_t>(call.tokens);
         d.out = call.out;
         d.out_dtype = call.out_dtype;
       }
@@ -335,8 +339,7 @@ class Sm90Path final : public KernelPath {
     }
     MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchGemm(id, true, g1, m_tiles13 * call.max_tiles, stream),
                                     std::string("FC1 grouped GEMM (") + choice.name + ")"));
-    return CudaCheck(cuda::LaunchGemm(static_cast<cuda::GemmConfigId>(choice.config_fc2), false, g2,
-                                      m_tiles2 * call.max_tiles, stream),
+    return CudaCheck(cuda::LaunchGemm(id2, false, g2, m_tiles2 * call.max_tiles, stream),
                      std::string("FC2 grouped GEMM (") + choice.name + ")");
   }
   void SetReferenceWeights(cuda::ReferenceParams* p) const override {
@@ -369,13 +372,14 @@ class Sm90Path final : public KernelPath {
     call->fused_decode = true;
     call->decode_pairs = pairs;
     call->fold_combine = cuda::DecodeCombineEnabled();
+    call->decode_plan = DecodePlanOf(pairs, call->fold_combine ? call->tokens : 0);
     pp->zero = reinterpret_cast<int32_t*>(call->decode_ws);
-    pp->zero_words = cuda::DecodeSyncWords(DecodePlanOf(pairs), call->max_tiles);
+    pp->zero_words = cuda::DecodeSyncWords(call->decode_plan, call->max_tiles);
   }
 
  private:
-  // Row blocks and steps of the two GEMMs, the parts for a call of `pairs` pairs, and the token
-  // groups of the folded combine of `combine_tokens` tokens (0: none).
+  // Row blocks and steps of the two GEMMs, the parts for a call of `pairs` pairs, and the tokens of
+  // the folded combine (0: none).
   cuda::DecodePlan DecodePlanOf(int64_t pairs, int64_t combine_tokens = 0) const {
     cuda::DecodePlan plan;
     plan.m1 = static_cast<int32_t>((w13_.row_groups + cuda::kBlockRowGroups - 1) / cuda::kBlockRowGroups);
@@ -384,7 +388,7 @@ class Sm90Path final : public KernelPath {
     plan.k2 = static_cast<int32_t>(w2_.col_tiles);
     plan.s1 = cuda::DecodeSplitFor(pairs, plan.k1);
     plan.s2 = cuda::DecodeSplitFor(pairs, plan.k2);
-    plan.combine_groups = cuda::DecodeCombineGroups(combine_tokens);
+    plan.combine_tokens = static_cast<int32_t>(combine_tokens);
     return plan;
   }
   // The words for calls of at most max_tiles tiles, in whole 256-byte units (the sums follow).

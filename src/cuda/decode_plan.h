@@ -15,10 +15,11 @@
 // So the FC1 row blocks FC2's first part reads are computed first, and by the time the CTAs reach
 // FC2's part g its inputs are long written; the weights stream on across the GEMMs' boundary.
 //
-// With the combine folded in (combine_groups > 0, MXMOE_DECODE_COMBINE), units of a third kind
-// follow FC2's (DecodeCombineUnitOf): (FC2 row block m, group of kDecodeCombineTokens tokens, i.e.
-// one token), each adding its tokens' rows of y in block m in slot order (the combine kernel's
-// sums) once every tile's FC2 unit of block m has written them.
+// With the combine folded in (combine_tokens > 0, MXMOE_DECODE_COMBINE), units of a third kind
+// follow FC2's (DecodeCombineUnitOf): (FC2 row block m, token t), each adding t's rows of y in
+// block m in slot order (the combine kernel's sums) once every tile's FC2 unit of block m has
+// written them. One token a unit, so that calls of 8-16 tokens still spread the combine over many
+// CTAs (8 tokens a unit, one after another, made as many dependent L2 round trips).
 #pragma once
 
 #include <cstdint>
@@ -36,15 +37,12 @@ inline constexpr int kDecodeBlockTokens = 8;  // tokens of a tile (n8's BLOCK_N)
 // 64-wide FC2 steps per FC1 row block: a block of 256 W13 rows holds 128 gate and 128 up rows of
 // the same intermediates, which are 128 columns of h.
 inline constexpr int kFc2StepsPerFc1Block = 2;
-// Tokens of a combine unit: one, so that calls of 8-16 tokens still spread the combine over many
-// CTAs (with 8, a combine unit's token after token made as many dependent L2 round trips).
-inline constexpr int kDecodeCombineTokens = 1;
 
 struct DecodePlan {
   int32_t m1 = 0, m2 = 0;  // row blocks of W13 (2 I rows) and W2 (K rows)
   int32_t k1 = 0, k2 = 0;  // 64-wide reduction steps of FC1 (K) and FC2 (I)
   int32_t s1 = 1, s2 = 1;  // parts of each tile's reduction
-  int32_t combine_groups = 0;  // token groups of the folded combine (0: the combine kernel runs)
+  int32_t combine_tokens = 0;  // tokens of the folded combine (0: the combine kernel runs)
 };
 
 struct DecodeUnit {
@@ -92,15 +90,12 @@ MXMOE_HD int32_t DecodeUnits(const DecodePlan& p, int32_t tiles) {
   return tiles * (p.m1 * p.s1 + p.m2 * p.s2);
 }
 // The folded combine's units, after DecodeUnits' (they run with no tile too: a rank with no local
-// pair still writes its zeros), and its token groups for a call of `tokens` tokens.
-MXMOE_HD int32_t DecodeCombineUnits(const DecodePlan& p) { return p.m2 * p.combine_groups; }
-MXMOE_HD int32_t DecodeCombineGroups(int64_t tokens) {
-  return static_cast<int32_t>((tokens + kDecodeCombineTokens - 1) / kDecodeCombineTokens);
-}
-// Combine unit c (< DecodeCombineUnits): W2's row block *block, token group *group.
-MXMOE_HD void DecodeCombineUnitOf(const DecodePlan& p, int32_t c, int32_t* block, int32_t* group) {
-  *block = c / p.combine_groups;
-  *group = c % p.combine_groups;
+// pair still writes its zeros).
+MXMOE_HD int32_t DecodeCombineUnits(const DecodePlan& p) { return p.m2 * p.combine_tokens; }
+// Combine unit c (< DecodeCombineUnits): W2's row block *block, token *token.
+MXMOE_HD void DecodeCombineUnitOf(const DecodePlan& p, int32_t c, int32_t* block, int32_t* token) {
+  *block = c / p.combine_tokens;
+  *token = c % p.combine_tokens;
 }
 
 // Unit u (< DecodeUnits) of a call with `tiles` tiles, in the order described above.

@@ -280,12 +280,11 @@ struct DecodeParams {
   float* partials = nullptr;  // DecodePartialFloats(plan, pairs) floats (null when s1 = s2 = 1)
   int32_t pairs = 0;        // the call's pairs: positions of the partial sums
   int32_t debug_fc1_delay_ns = 0;  // set by LaunchFusedDecode from SetDecodeFc1Delay
-  // The folded combine (plan.combine_groups > 0): the call's [tokens, top_k] ids (slots whose
+  // The folded combine (plan.combine_tokens > 0): the call's [tokens, top_k] ids (slots whose
   // expert is not in [first_expert, first_expert + num_local) add nothing) and its output rows.
   const int32_t* topk_ids = nullptr;
   int64_t first_expert = 0;
   int32_t num_local = 0;
-  int32_t tokens = 0;
   void* out = nullptr;
   OutputDType out_dtype = OutputDType::kF32;
 };

@@ -215,23 +215,22 @@ TEST(DecodePlan, PartialSumsAreDistinctAndWithinTheirFloats) {
   }
 }
 
-// The folded combine's units: one per (FC2 row block, group of kDecodeCombineTokens tokens), after
-// the GEMMs' units, also with no tile (a rank with no local pair still writes its zeros).
-TEST(DecodePlan, CombineUnitsCoverEveryBlockAndTokenGroupOnce) {
+// The folded combine's units: one per (FC2 row block, token), after the GEMMs' units, also with no
+// tile (a rank with no local pair still writes its zeros).
+TEST(DecodePlan, CombineUnitsCoverEveryBlockAndTokenOnce) {
   for (int64_t tokens : {1, 7, 8, 9, 16, 64, 256}) {
     DecodePlan p = PlanOf(3584, 3072, 4, 4);
-    p.combine_groups = DecodeCombineGroups(tokens);
-    EXPECT_EQ(p.combine_groups, (tokens + kDecodeCombineTokens - 1) / kDecodeCombineTokens);
-    EXPECT_EQ(DecodeCombineUnits(p), p.m2 * p.combine_groups);
+    p.combine_tokens = static_cast<int32_t>(tokens);
+    EXPECT_EQ(DecodeCombineUnits(p), p.m2 * tokens);
     std::set<std::pair<int32_t, int32_t>> seen;
     for (int32_t c = 0; c < DecodeCombineUnits(p); ++c) {
-      int32_t block = -1, group = -1;
-      DecodeCombineUnitOf(p, c, &block, &group);
+      int32_t block = -1, token = -1;
+      DecodeCombineUnitOf(p, c, &block, &token);
       ASSERT_GE(block, 0);
       ASSERT_LT(block, p.m2);
-      ASSERT_GE(group, 0);
-      ASSERT_LT(int64_t{group} * kDecodeCombineTokens, tokens);
-      ASSERT_TRUE(seen.insert({block, group}).second);
+      ASSERT_GE(token, 0);
+      ASSERT_LT(token, tokens);
+      ASSERT_TRUE(seen.insert({block, token}).second);
     }
     EXPECT_EQ(static_cast<int32_t>(seen.size()), DecodeCombineUnits(p));
     EXPECT_EQ(DecodeUnits(p, 16), 16 * (p.m1 * 4 + p.m2 * 4));  // (the GEMMs' units alone)

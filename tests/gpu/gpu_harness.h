@@ -170,6 +170,17 @@ class CapturedCall {
   Status status_ = Status::Ok();
 };
 
+// Every third slot of `in` given an expert id out of range for 8 experts (>= E, < -1, the int32
+// extremes), and the same slots -1 in *clean (the reference refuses such ids; they mean "no
+// expert"). Expects in->topk_ids == clean->topk_ids on entry.
+inline void PutOutOfRangeIds(SyntheticInput* in, SyntheticInput* clean) {
+  const int32_t junk[] = {8, 1000000, -2, -7, 2147483647, -2147483647 - 1};
+  for (size_t i = 0; i < in->topk_ids.size(); i += 3) {
+    in->topk_ids[i] = junk[(i / 3) % 6];
+    clean->topk_ids[i] = -1;
+  }
+}
+
 inline std::unique_ptr<CudaMoe> MakeCudaMoe(const ExpertSet& set) {
   std::unique_ptr<CudaMoe> moe;
   const Status st = CudaMoe::Create(set, 0, &moe);

@@ -223,11 +223,7 @@ TEST(CudaMoeSmall, OutOfRangeIdsAreSkipped) {
   ASSERT_TRUE(moe);
   SyntheticInput in = Input(s, 40, RoutingPattern::kUniform, 52);
   SyntheticInput clean = in;
-  const int32_t junk[] = {8, 1000000, -2, -7, 2147483647, -2147483647 - 1};
-  for (size_t i = 0; i < in.topk_ids.size(); i += 3) {
-    in.topk_ids[i] = junk[(i / 3) % 6];
-    clean.topk_ids[i] = -1;  // the reference refuses such ids; they mean "no expert"
-  }
+  PutOutOfRangeIds(&in, &clean);
   const auto ref = CpuF32(set, clean, false);
   DeviceCase dc(*moe, in);
   EXPECT_TRUE(MoeCloseF32(dc.RunF32(), ref, {in.num_tokens, s.hidden}, s.top_k * s.intermediate));

@@ -314,11 +314,7 @@ TEST(CudaFusedDecode, OutOfRangeIdsAreSkipped) {
   const ForcedN8f forced;
   SyntheticInput in = Input(s, 40, RoutingPattern::kUniform, 2651);
   SyntheticInput clean = in;
-  const int32_t junk[] = {8, 1000000, -2, -7, 2147483647, -2147483647 - 1};
-  for (size_t i = 0; i < in.topk_ids.size(); i += 3) {
-    in.topk_ids[i] = junk[(i / 3) % 6];
-    clean.topk_ids[i] = -1;  // the reference refuses such ids; they mean "no expert"
-  }
+  PutOutOfRangeIds(&in, &clean);
   DeviceCase dc(*moe, in);
   ExpectRunsMatch(*moe, dc, ReferenceF32(set, InputOf(clean)), s.top_k * s.intermediate);
 }

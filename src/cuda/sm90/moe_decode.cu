@@ -42,40 +42,31 @@ namespace {
 using DecodeConfig = ConfigN8;
 // 72 registers and 29 KB of stages a CTA: 7 share an SM (ptxas, perf-log v21).
 constexpr int kDecodeCtasPerSm = 7;
-// Thread 0: until FC1 has raised *flag, polled relaxed (an acquire load invalidates the SM's L1
-// each time) and then read once with acquire. (A template so that the sm_120a pass, which compiles
-// no kernel body here, does not warn that it is unused.)
-template <class = void>
-__device__ __forceinline__ void WaitForFlag(const int32_t* flag, const DecodeUnit& w, int32_t block) {
-  // A flag not raised within 2 s means a broken invariant (the FC1 unit was taken before by a
-  // running CTA and waits for nothing): say which and trap rather than hang the device.
+// Thread 0: until *word >= target (an FC1 unit's flag, 1, or the count of tiles whose FC2 unit of
+// a row block has written y), polled relaxed (an acquire load invalidates the SM's L1 each time)
+// and then read once with acquire. A word not reached within 2 s means a broken invariant (what it
+// waits for was taken before by a running CTA that waits only for earlier units): trap rather than
+// hang the device, with kSay saying which FC2 unit waited for which FC1 block (only one call site
+// prints: a second printf call site made ptxas spill in the main loop of the instance with the
+// combine). (A template so that the sm_120a pass, which compiles no kernel body here, does not warn
+// that it is unused.)
+template <bool kSay>
+__device__ __forceinline__ void WaitForWord(const int32_t* word, int32_t target, const DecodeUnit& w = {},
+                                            int32_t block = 0) {
   constexpr int64_t kWaitLimitNs = 2000000000;
-  if (ptx::LoadAcquireGpu(flag) != 0) return;
+  if (ptx::LoadAcquireGpu(word) >= target) return;
   const uint64_t start = ptx::GlobalTimerNs();
-  while (ptx::LoadRelaxedGpu(flag) == 0) {
+  while (ptx::LoadRelaxedGpu(word) < target) {
     __nanosleep(128);
     if (static_cast<int64_t>(ptx::GlobalTimerNs() - start) > kWaitLimitNs) {
-      printf("mxmoe n8f: FC2 unit (tile %d, block %d, part %d) waited 2 s for FC1 block %d\n", w.tile, w.block,
-             w.part, block);
+      if (kSay) {
+        printf("mxmoe n8f: FC2 unit (tile %d, block %d, part %d) waited 2 s for FC1 block %d\n", w.tile, w.block,
+               w.part, block);
+      }
       __trap();
     }
   }
-  (void)ptx::LoadAcquireGpu(flag);
-}
-
-// Thread 0, combine units: until *count >= target (the tiles whose FC2 unit of a row block has
-// written y), as WaitForFlag waits. (It traps without a message: a second printf call site made
-// ptxas spill in the main loop of the instance with the combine.)
-template <class = void>
-__device__ __forceinline__ void WaitForCount(const int32_t* count, int32_t target) {
-  constexpr int64_t kWaitLimitNs = 2000000000;
-  if (ptx::LoadAcquireGpu(count) >= target) return;
-  const uint64_t start = ptx::GlobalTimerNs();
-  while (ptx::LoadRelaxedGpu(count) < target) {
-    __nanosleep(128);
-    if (static_cast<int64_t>(ptx::GlobalTimerNs() - start) > kWaitLimitNs) __trap();
-  }
-  (void)ptx::LoadAcquireGpu(count);
+  (void)ptx::LoadAcquireGpu(word);
 }
 
 // Steps 2 to 5 of one unit, for every thread of the CTA (kCombine: the FC2 units count themselves
@@ -97,7 +88,8 @@ __device__ __forceinline__ void RunDecodeUnit(const DecodeParams& d, const GemmP
     if (tid == 0) {
       int32_t lo = 0, hi = 0;
       DecodeFc1BlocksOf(k_first, k_tiles, &lo, &hi);
-      for (int32_t m = lo; m < hi; ++m) WaitForFlag(d.sync + DecodeReadyWord(d.plan, d.max_tiles, w.tile, m), w, m);
+      for (int32_t m = lo; m < hi; ++m)
+        WaitForWord<true>(d.sync + DecodeReadyWord(d.plan, d.max_tiles, w.tile, m), 1, w, m);
     }
     __syncthreads();  // (after thread 0's acquire: every thread's copies of h come after it)
   }
@@ -208,10 +200,9 @@ __device__ __forceinline__ void RunDecodeUnit(const DecodeParams& d, const GemmP
 template <class Cfg>
 __device__ __forceinline__ void RunCombineUnit(const DecodeParams& d, int32_t block, int32_t t, int32_t tiles) {
   static_assert(kDecodeBlockRows == 2 * Cfg::kThreads, "two rows of the block a thread");
-  static_assert(kDecodeCombineTokens == 1, "a unit per token");
   constexpr int kCombineSlots = 8;
   const int tid = threadIdx.x;
-  if (tid == 0) WaitForCount(d.sync + DecodeDoneWord(d.plan, d.max_tiles, block), tiles);
+  if (tid == 0) WaitForWord<false>(d.sync + DecodeDoneWord(d.plan, d.max_tiles, block), tiles);
   __syncthreads();  // (after thread 0's acquire: every thread's reads of y come after it)
   const GemmParams& p = d.fc2;
   const int64_t hidden = p.a_shape.rows, row = static_cast<int64_t>(block) * kDecodeBlockRows + 2 * tid;
@@ -243,7 +234,7 @@ __device__ __forceinline__ void RunCombineUnit(const DecodeParams& d, int32_t bl
   }
 }
 
-// kCombine: the instance with the combine folded in (plan.combine_groups > 0); the other has none
+// kCombine: the instance with the combine folded in (plan.combine_tokens > 0); the other has none
 // of its code (at 72 registers, a first version with it in one instance spilled in the main loop).
 template <class Cfg, bool kCombine>
 __global__ void __launch_bounds__(Cfg::kThreads, kDecodeCtasPerSm)
@@ -295,15 +286,6 @@ int DecodeResidentCtasOf(bool combine) {
 }
 int DecodeResidentCtas(bool) { return DecodeResidentCtasOf(false); }
 
-// Larger calls: n8's kernels, without the L2 look-ahead (n8f does not read it, and its plan's name
-// does not say it).
-template <class Cfg>
-cudaError_t LaunchN8f(bool fc1, const GemmParams& p, int64_t grid_ctas, cudaStream_t stream) {
-  GemmParams q = p;
-  q.l2_ahead = 0;
-  return LaunchGemmConfig<Cfg>(fc1, q, grid_ctas, stream);
-}
-
 template <class Cfg>
 cudaError_t PrepareN8f() {
   const cudaError_t e = PrepareGemmConfig<Cfg>();
@@ -319,7 +301,9 @@ GemmConfigInfo InfoN8fOf(const char* name) {
 
 }  // namespace
 
-MXMOE_DEFINE_GEMM_CONFIG(N8f, DecodeConfig, "n8f", LaunchN8f, PrepareN8f, InfoN8fOf)
+// (Larger calls run n8's kernels: LaunchGemmConfig. n8f does not read the L2 look-ahead, so the
+// caller passes none.)
+MXMOE_DEFINE_GEMM_CONFIG(N8f, DecodeConfig, "n8f", LaunchGemmConfig, PrepareN8f, InfoN8fOf)
 
 }  // namespace mxmoe::cuda::sm90
 
@@ -337,20 +321,19 @@ cudaError_t LaunchFusedDecode(const DecodeParams& d, cudaStream_t stream) {
       d.pairs < 0 || d.pairs > kDecodeMaxPairs || pl.s1 < 1 || pl.s1 > kDecodeMaxSplit || pl.s2 < 1 ||
       pl.s2 > kDecodeMaxSplit || pl.m1 != d.fc1.m_tiles || pl.m2 != d.fc2.m_tiles ||
       pl.k1 != d.fc1.a_shape.col_tiles || pl.k2 != d.fc2.a_shape.col_tiles ||
-      ((pl.s1 > 1 || pl.s2 > 1) && d.partials == nullptr) || pl.combine_groups < 0 ||
-      (pl.combine_groups > 0 && (d.topk_ids == nullptr || d.out == nullptr || d.fc2.a_shape.rows % 2 != 0 ||
-                                 pl.combine_groups != DecodeCombineGroups(d.tokens))))
+      ((pl.s1 > 1 || pl.s2 > 1) && d.partials == nullptr) || pl.combine_tokens < 0 ||
+      (pl.combine_tokens > 0 && (d.topk_ids == nullptr || d.out == nullptr || d.fc2.a_shape.rows % 2 != 0)))
     return cudaErrorInvalidValue;
   // FC2 step 2 m + j reads the intermediates FC1's row block m writes (decode_plan.h).
   static_assert(kTileCols * kFc2StepsPerFc1Block == kBlockRowGroups * 8, "an FC1 row block's intermediates");
   if (d.fc2.a_shape.cols != d.fc1.a_shape.rows / 2) return cudaErrorInvalidValue;
   const int64_t units =
-      static_cast<int64_t>(d.max_tiles) * (pl.m1 * pl.s1 + pl.m2 * pl.s2) + int64_t{pl.m2} * pl.combine_groups;
+      static_cast<int64_t>(d.max_tiles) * (pl.m1 * pl.s1 + pl.m2 * pl.s2) + int64_t{pl.m2} * pl.combine_tokens;
   if (units == 0) return cudaSuccess;
   if (units > INT32_MAX) return cudaErrorInvalidValue;
   // The CTA slots of the device (the occupancy API once per device: the launch is on the decode path).
   static std::atomic<int> slots_of[64][2];  // [device][with the combine]
-  const bool combine = pl.combine_groups > 0;
+  const bool combine = pl.combine_tokens > 0;
   int device = 0;
   if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   int slots = device >= 0 && device < 64 ? slots_of[device][combine].load(std::memory_order_relaxed) : 0;
