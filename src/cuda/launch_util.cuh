@@ -75,17 +75,58 @@ class EnvInt {
   std::atomic<int> value_;
 };
 
-// Whether the pipeline's kernels are launched with programmatic dependent launch (ptx.cuh,
-// GridDependencyWait): MXMOE_PDL=1 turns it on (off by default until measured: perf-log v6).
-inline bool PdlEnabled() {
-  static const bool on = EnvFlagIs("MXMOE_PDL", "1");
-  return on;
+// Programmatic dependent launch (ptx.cuh, GridDependencyWait) by launch site: the kernel that
+// launches with the attribute may start while the kernel before it in the stream still runs. Off by
+// default until measured (perf-log v6, v18: all sites at once cost Kimi-K3 12% at T = 1).
+// MXMOE_PDL=1 turns every site on; MXMOE_PDL=<site>[+<site>...] only the sites named: route (the
+// quantization, routing, gather and position kernels), fc1 (the FC1 GEMM, and n8f's one kernel),
+// fc2 (the FC2 GEMM), combine. Another value is reported once on stderr and ignored.
+enum class PdlSite : unsigned { kRoute = 1u, kFc1 = 2u, kFc2 = 4u, kCombine = 8u };
+inline constexpr unsigned kPdlAllSites = 15u;
+
+// The sites a value of MXMOE_PDL names, as a mask of PdlSite; -1 for a value that is not "1", "0",
+// empty or site names joined by '+' (not ',': the A/B script's lists split at commas).
+inline int ParsePdlSites(const char* v) {
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "0") == 0) return 0;
+  if (std::strcmp(v, "1") == 0) return static_cast<int>(kPdlAllSites);
+  static constexpr struct {
+    const char* name;
+    PdlSite site;
+  } kNames[] = {
+      {"route", PdlSite::kRoute}, {"fc1", PdlSite::kFc1}, {"fc2", PdlSite::kFc2}, {"combine", PdlSite::kCombine}};
+  unsigned mask = 0;
+  for (const char* p = v;;) {
+    const char* end = std::strchr(p, '+');
+    const size_t len = end != nullptr ? static_cast<size_t>(end - p) : std::strlen(p);
+    bool known = false;
+    for (const auto& n : kNames) {
+      if (std::strlen(n.name) == len && std::strncmp(p, n.name, len) == 0) {
+        mask |= static_cast<unsigned>(n.site);
+        known = true;
+      }
+    }
+    if (!known) return -1;
+    if (end == nullptr) break;
+    p = end + 1;
+  }
+  return static_cast<int>(mask);
+}
+
+inline bool PdlAt(PdlSite site) {
+  static const unsigned sites = [] {
+    const char* v = std::getenv("MXMOE_PDL");
+    const int parsed = ParsePdlSites(v);
+    if (parsed >= 0) return static_cast<unsigned>(parsed);
+    std::fprintf(stderr, "mxmoe: MXMOE_PDL=%s ignored: expected 1, 0 or sites from route+fc1+fc2+combine\n", v);
+    return 0u;
+  }();
+  return (sites & static_cast<unsigned>(site)) != 0;
 }
 
 // LaunchKernel in thread block clusters of `cluster_x` consecutive CTAs along x (grid.x a multiple
 // of it; 1: no clusters).
 template <class... Params, class... Args>
-cudaError_t LaunchKernelInClusters(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+cudaError_t LaunchKernelInClusters(void (*kernel)(Params...), PdlSite site, dim3 grid, dim3 block, size_t smem,
                                    cudaStream_t stream, unsigned cluster_x, Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
@@ -94,7 +135,7 @@ cudaError_t LaunchKernelInClusters(void (*kernel)(Params...), dim3 grid, dim3 bl
   config.stream = stream;
   cudaLaunchAttribute attr[2];
   unsigned n = 0;
-  if (PdlEnabled()) {
+  if (PdlAt(site)) {
     attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[n].val.programmaticStreamSerializationAllowed = 1;
     ++n;
@@ -110,13 +151,13 @@ cudaError_t LaunchKernelInClusters(void (*kernel)(Params...), dim3 grid, dim3 bl
   config.numAttrs = n;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
-// kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when PdlEnabled(): the
+// kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when PdlAt(site): the
 // kernel must call ptx::GridDependencyWait before it touches global memory. Works under stream
 // capture (the graph gets a programmatic edge).
 template <class... Params, class... Args>
-cudaError_t LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                         Args&&... args) {
-  return LaunchKernelInClusters(kernel, grid, block, smem, stream, 1u, std::forward<Args>(args)...);
+cudaError_t LaunchKernel(void (*kernel)(Params...), PdlSite site, dim3 grid, dim3 block, size_t smem,
+                         cudaStream_t stream, Args&&... args) {
+  return LaunchKernelInClusters(kernel, site, grid, block, smem, stream, 1u, std::forward<Args>(args)...);
 }
 
 // CTAs of `kernel` with `threads` threads and `smem` bytes of dynamic shared memory that fit one SM

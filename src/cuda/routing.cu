@@ -418,7 +418,7 @@ cudaError_t LaunchPrepare(const PrepareParams& p, cudaStream_t stream) {
   const int64_t blocks = Blocks(quant) + Blocks(p.num_tokens * p.top_k);
   if (blocks == 0) return cudaSuccess;
   // Quantization threads are padded to whole blocks so the key blocks start at a block edge.
-  return LaunchKernel(PrepareKernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, p,
+  return LaunchKernel(PrepareKernel, PdlSite::kRoute, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, p,
                       Blocks(quant) * kThreads);
 }
 
@@ -428,8 +428,8 @@ cudaError_t LaunchPrepareAndRoute(const PrepareParams& p, const RouteSmallParams
     return cudaErrorInvalidValue;
   static_assert(kFusedRoutePairs == kThreads, "one slot per thread of the routing block");
   const int64_t quant_blocks = Blocks(p.num_tokens * (p.hidden / kMxBlock));
-  return LaunchKernel(PrepareAndRouteKernel, dim3(static_cast<unsigned>(quant_blocks + 1)), dim3(kThreads), 0, stream,
-                      p, quant_blocks * kThreads, rp);
+  return LaunchKernel(PrepareAndRouteKernel, PdlSite::kRoute, dim3(static_cast<unsigned>(quant_blocks + 1)),
+                      dim3(kThreads), 0, stream, p, quant_blocks * kThreads, rp);
 }
 
 cudaError_t LaunchCountBadIds(const int32_t* ids, int64_t n, int64_t num_experts,
@@ -461,16 +461,16 @@ cudaError_t SortPairs(void* temp, size_t temp_bytes, const int32_t* keys_in, int
 cudaError_t LaunchRouteSmall(const RouteSmallParams& p, cudaStream_t stream) {
   if (p.n < 0 || p.n > kSmallRoutePairs || p.key_bits < 1 || p.key_bits > 32) return cudaErrorInvalidValue;
   // T <= 16 at k = 16 (most decode steps) in 256 slots; up to kSmallRoutePairs in 1024 x 4.
-  if (p.n <= 256) return LaunchKernel(RouteSmallKernel<256, 1>, dim3(1), dim3(256), 0, stream, p);
+  if (p.n <= 256) return LaunchKernel(RouteSmallKernel<256, 1>, PdlSite::kRoute, dim3(1), dim3(256), 0, stream, p);
   static_assert(kSmallRoutePairs == 1024 * 4, "the larger variant's slots");
-  return LaunchKernel(RouteSmallKernel<1024, 4>, dim3(1), dim3(1024), 0, stream, p);
+  return LaunchKernel(RouteSmallKernel<1024, 4>, PdlSite::kRoute, dim3(1), dim3(1024), 0, stream, p);
 }
 
 cudaError_t LaunchOffsetsAndTiles(const int32_t* sorted_keys, int64_t n, int32_t num_local,
                                   int32_t block_n, int32_t* expert_offsets, int32_t* tile_offsets,
                                   int2* tiles, int32_t* num_tiles, cudaStream_t stream) {
-  return LaunchKernel(OffsetsTilesKernel, dim3(1), dim3(kTileThreads), 0, stream, sorted_keys, n, num_local, block_n,
-                      expert_offsets, tile_offsets, tiles, num_tiles);
+  return LaunchKernel(OffsetsTilesKernel, PdlSite::kRoute, dim3(1), dim3(kTileThreads), 0, stream, sorted_keys, n,
+                      num_local, block_n, expert_offsets, tile_offsets, tiles, num_tiles);
 }
 
 namespace {
@@ -507,8 +507,8 @@ cudaError_t LaunchGatherRows(const uint16_t* xq, int64_t stride, int64_t hidden,
   const int64_t blocks = (max_rows + kGatherWarps - 1) / kGatherWarps;
   if (blocks == 0) return cudaSuccess;
   if (blocks > INT32_MAX || hidden % 8 != 0 || stride % 8 != 0) return cudaErrorInvalidValue;
-  return LaunchKernel(GatherRowsKernel, dim3(static_cast<unsigned>(blocks)), dim3(32 * kGatherWarps), 0, stream, xq,
-                      stride, hidden, sorted_pairs, valid_rows, top_k, xs);
+  return LaunchKernel(GatherRowsKernel, PdlSite::kRoute, dim3(static_cast<unsigned>(blocks)), dim3(32 * kGatherWarps),
+                      0, stream, xq, stride, hidden, sorted_pairs, valid_rows, top_k, xs);
 }
 
 cudaError_t LaunchCombine(const float* y, const int32_t* topk_ids, int64_t num_tokens,
@@ -516,9 +516,9 @@ cudaError_t LaunchCombine(const float* y, const int32_t* topk_ids, int64_t num_t
                           OutputDType dtype, void* out, cudaStream_t stream) {
   const int64_t blocks = Blocks(num_tokens * hidden / 4);
   if (blocks == 0) return cudaSuccess;
-  return LaunchKernel(CombineKernel<false>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, y,
-                      static_cast<const int32_t*>(nullptr), topk_ids, num_tokens, top_k, hidden, first_expert,
-                      num_local, CombineRange{}, dtype, out);
+  return LaunchKernel(CombineKernel<false>, PdlSite::kCombine, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0,
+                      stream, y, static_cast<const int32_t*>(nullptr), topk_ids, num_tokens, top_k, hidden,
+                      first_expert, num_local, CombineRange{}, dtype, out);
 }
 
 cudaError_t LaunchPairPositions(const int32_t* sorted_pairs, const float* topk_weights, int64_t n,
@@ -527,8 +527,8 @@ cudaError_t LaunchPairPositions(const int32_t* sorted_pairs, const float* topk_w
   const int64_t blocks = Blocks(n > iota_n ? n : iota_n);
   if (blocks == 0) return cudaSuccess;
   if (n > INT32_MAX || iota_n > INT32_MAX) return cudaErrorInvalidValue;
-  return LaunchKernel(PairPositionsKernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream,
-                      sorted_pairs, topk_weights, n, pos_of_pair, sorted_weights, iota, iota_n);
+  return LaunchKernel(PairPositionsKernel, PdlSite::kRoute, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0,
+                      stream, sorted_pairs, topk_weights, n, pos_of_pair, sorted_weights, iota, iota_n);
 }
 
 cudaError_t LaunchCombineRange(const float* y, const int32_t* pos_of_pair, const int32_t* topk_ids,
@@ -540,8 +540,9 @@ cudaError_t LaunchCombineRange(const float* y, const int32_t* pos_of_pair, const
   if (range.pos_begin < 0 || range.pos_end < range.pos_begin || ((!range.first || !range.last) && range.acc == nullptr))
     return cudaErrorInvalidValue;
   if (pos_of_pair == nullptr) return cudaErrorInvalidValue;
-  return LaunchKernel(CombineKernel<true>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream, y,
-                      pos_of_pair, topk_ids, num_tokens, top_k, hidden, first_expert, num_local, range, dtype, out);
+  return LaunchKernel(CombineKernel<true>, PdlSite::kCombine, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0,
+                      stream, y, pos_of_pair, topk_ids, num_tokens, top_k, hidden, first_expert, num_local, range,
+                      dtype, out);
 }
 
 }  // namespace mxmoe::cuda

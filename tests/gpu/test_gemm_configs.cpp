@@ -223,6 +223,27 @@ TEST(LaunchUtil, EnvIntTakesWholeNumbersInRange) {
   EXPECT_EQ(setting.Get(), 0);
 }
 
+// MXMOE_PDL's values (launch_util.cuh, ParsePdlSites): 1 every site, 0 or empty none, site names
+// joined by '+' those sites, anything else rejected (-1: reported and ignored). Host code only.
+TEST(LaunchUtil, PdlSitesParseNamesAndRejectOthers) {
+  using cuda::PdlSite;
+  const auto mask = [](std::initializer_list<PdlSite> sites) {
+    int m = 0;
+    for (const PdlSite s : sites) m |= static_cast<int>(s);
+    return m;
+  };
+  EXPECT_EQ(cuda::ParsePdlSites(nullptr), 0);
+  EXPECT_EQ(cuda::ParsePdlSites(""), 0);
+  EXPECT_EQ(cuda::ParsePdlSites("0"), 0);
+  EXPECT_EQ(cuda::ParsePdlSites("1"), mask({PdlSite::kRoute, PdlSite::kFc1, PdlSite::kFc2, PdlSite::kCombine}));
+  EXPECT_EQ(cuda::ParsePdlSites("fc1"), mask({PdlSite::kFc1}));
+  EXPECT_EQ(cuda::ParsePdlSites("combine+fc1"), mask({PdlSite::kFc1, PdlSite::kCombine}));
+  EXPECT_EQ(cuda::ParsePdlSites("route+fc1+fc2+combine"), cuda::ParsePdlSites("1"));
+  EXPECT_EQ(cuda::ParsePdlSites("fc2+fc2"), mask({PdlSite::kFc2}));
+  for (const char* bad : {"2", "fc", "fc1+", "+fc1", "fc1++fc2", "fc1,fc2", "FC1", "fc1 ", "combine+x", "true"})
+    EXPECT_EQ(cuda::ParsePdlSites(bad), -1) << "'" << bad << "'";
+}
+
 // The heuristics' narrow-tile boundary (heuristics.cu, perf-log v13.1): n8 below ~6 pairs per
 // expert, n32 from there (n8 streams an expert's weights once per 8 of its pairs), on the three
 // benchmark shapes at the token counts either side of where the two configs met on the H200; the

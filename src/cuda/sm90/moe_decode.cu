@@ -351,8 +351,8 @@ cudaError_t LaunchFusedDecode(const DecodeParams& d, cudaStream_t stream) {
   DecodeParams launched = d;
   launched.debug_fc1_delay_ns = g_fc1_delay_ns.load(std::memory_order_relaxed);
   const auto kernel = combine ? sm90::MoeDecodeKernel<Cfg, true> : sm90::MoeDecodeKernel<Cfg, false>;
-  const cudaError_t e =
-      LaunchKernel(kernel, dim3(static_cast<unsigned>(ctas)), dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, launched);
+  const cudaError_t e = LaunchKernel(kernel, PdlSite::kFc1, dim3(static_cast<unsigned>(ctas)), dim3(Cfg::kThreads),
+                                     Cfg::kSmemBytes, stream, launched);
   if (e == cudaSuccess) g_fused_decode_launches.fetch_add(1, std::memory_order_relaxed);
   return e;
 }

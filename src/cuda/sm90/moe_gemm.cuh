@@ -38,6 +38,9 @@
 #ifndef MXMOE_KB_MUX
 #define MXMOE_KB_MUX 0
 #endif
+#ifndef MXMOE_LATE_TRIGGER
+#define MXMOE_LATE_TRIGGER 0
+#endif
 
 namespace mxmoe::cuda::sm90 {
 
@@ -291,7 +294,13 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900)
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ int32_t smem_rows[Cfg::kBlockN];  // B source row of each tile column, -1 past the segment
+  // -DMXMOE_LATE_TRIGGER=1 (an experiment, perf-log v22): the next kernel's CTAs may be placed only
+  // once this grid's CTAs are past their main loops, not from the start (matters only under PDL).
+#if MXMOE_LATE_TRIGGER
+  ptx::GridDependencyWait();
+#else
   ptx::EnterPipelineKernel();
+#endif
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   // The cluster's CTAs share one work item; CTA k_part takes the reduction's steps
@@ -407,6 +416,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
     });
   }
   clock.MainEnd();
+#if MXMOE_LATE_TRIGGER
+  ptx::LaunchDependents();
+#endif
   if constexpr (Cfg::kSplitK > 1) {
     // Sets 1.. hand their partial sums to set 0 through the stages (free once every warp is past
     // its last step), which adds them in set order: a fixed order, so runs repeat bit for bit.
@@ -595,7 +607,8 @@ cudaError_t LaunchGemmConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, c
   if constexpr (kLooksAhead<Cfg>) {
     if (p.l2_ahead > 0) kernel = fc1 ? MoeGemmKernel<Cfg, true, true> : MoeGemmKernel<Cfg, false, true>;
   }
-  return LaunchKernelInClusters(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, Cfg::kClusterK, p);
+  return LaunchKernelInClusters(kernel, fc1 ? PdlSite::kFc1 : PdlSite::kFc2, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes,
+                                stream, Cfg::kClusterK, p);
 }
 
 template <class Cfg>
@@ -622,8 +635,8 @@ cudaError_t LaunchTmaGemmConfig(bool fc1, const GemmParams& p, int64_t grid_ctas
   if (const cudaError_t e = GridOf(grid_ctas, &grid, &launch); e != cudaSuccess || !launch) return e;
   CUtensorMap rows;
   if (const cudaError_t e = MakeTokenMap(p, 8, &rows); e != cudaSuccess) return e;
-  return LaunchKernel(fc1 ? MoeGemmTmaKernel<Cfg, true> : MoeGemmTmaKernel<Cfg, false>, grid, dim3(Cfg::kThreads),
-                      Cfg::kSmemBytes, stream, p, rows);
+  return LaunchKernel(fc1 ? MoeGemmTmaKernel<Cfg, true> : MoeGemmTmaKernel<Cfg, false>,
+                      fc1 ? PdlSite::kFc1 : PdlSite::kFc2, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, p, rows);
 }
 
 template <class Cfg>

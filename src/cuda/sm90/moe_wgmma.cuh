@@ -556,12 +556,12 @@ cudaError_t LaunchWgmmaConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, 
       const int limit = PersistentCtaLimit();
       if (limit > 0 && limit < sms) sms = limit;
       grid.x = static_cast<unsigned>(grid_ctas < sms ? grid_ctas : sms);
-      return LaunchKernel(kernel, grid, dim3(Cfg::kThreads), PersistentFc1Layout<Cfg>::kSmemBytes, stream, p, wide,
-                          narrow);
+      return LaunchKernel(kernel, PdlSite::kFc1, grid, dim3(Cfg::kThreads), PersistentFc1Layout<Cfg>::kSmemBytes,
+                          stream, p, wide, narrow);
     }
   }
-  return LaunchKernel(fc1 ? MoeWgmmaKernel<Cfg, true> : MoeWgmmaKernel<Cfg, false>, grid, dim3(Cfg::kThreads),
-                      Cfg::kSmemBytes, stream, p, wide, narrow);
+  return LaunchKernel(fc1 ? MoeWgmmaKernel<Cfg, true> : MoeWgmmaKernel<Cfg, false>, fc1 ? PdlSite::kFc1 : PdlSite::kFc2,
+                      grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, p, wide, narrow);
 }
 
 template <class Cfg>
