@@ -29,7 +29,12 @@
 namespace mxmoe::cuda {
 
 inline constexpr int kDecodeMaxSplit = 8;     // parts of one tile's reduction, at most
-inline constexpr int kDecodeSplitPairs = 64;  // s * pairs at most: bounds the parts' fp32 sums
+// s * pairs at most: bounds the parts' fp32 sums (-DMXMOE_DECODE_SPLIT_PAIRS=16 or 32 for an A/B
+// of fewer, longer parts: s = 1 or 2 at Kimi-K3's T = 1; perf-log v22).
+#ifndef MXMOE_DECODE_SPLIT_PAIRS
+#define MXMOE_DECODE_SPLIT_PAIRS 64
+#endif
+inline constexpr int kDecodeSplitPairs = MXMOE_DECODE_SPLIT_PAIRS;
 inline constexpr int kDecodeMinPartSteps = 4;  // 64-wide steps per part, at least (where s > 1)
 inline constexpr int kDecodeMaxPairs = 256;   // calls of more pairs run n8's two kernels
 inline constexpr int kDecodeBlockRows = 256;  // rows of a unit (n8's CTA)
