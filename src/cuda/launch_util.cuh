@@ -82,7 +82,9 @@ class EnvInt {
 // quantization, routing, gather and position kernels), fc1 (the FC1 GEMM, and n8f's one kernel),
 // fc2 (the FC2 GEMM), combine. Another value is reported once on stderr and ignored.
 enum class PdlSite : unsigned { kRoute = 1u, kFc1 = 2u, kFc2 = 4u, kCombine = 8u };
-inline constexpr unsigned kPdlAllSites = 15u;
+inline constexpr unsigned kPdlAllSites = static_cast<unsigned>(PdlSite::kRoute) | static_cast<unsigned>(PdlSite::kFc1) |
+                                         static_cast<unsigned>(PdlSite::kFc2) |
+                                         static_cast<unsigned>(PdlSite::kCombine);
 
 // The sites a value of MXMOE_PDL names, as a mask of PdlSite; -1 for a value that is not "1", "0",
 // empty or site names joined by '+' (not ',': the A/B script's lists split at commas).

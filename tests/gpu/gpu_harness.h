@@ -94,6 +94,9 @@ class DeviceCase {
   }
   MoeOutput Output(OutputDType dtype) const { return {dtype, out_->ptr}; }
   void Poison(cudaStream_t stream = nullptr) { cudaMemsetAsync(out_->ptr, 0xFF, out_->bytes, stream); }
+  // The workspace's bytes all 0xFF (flags raised, counts -1, sums and intermediates NaN), as a call
+  // that cleared nothing would find them.
+  cudaError_t PoisonWorkspace() { return cudaMemset(ws_->ptr, 0xFF, ws_bytes_); }
   Status Launch(OutputDType dtype, bool reference, cudaStream_t stream = nullptr) {
     return reference ? moe_.RunReference(Input(), Output(dtype), ws_->ptr, ws_bytes_, stream)
                      : moe_.Run(Input(), Output(dtype), ws_->ptr, ws_bytes_, stream);

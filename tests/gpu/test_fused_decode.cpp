@@ -51,9 +51,6 @@ struct KimiLayer {
   }
 };
 
-// The fp32 output twice (bit for bit the same) and the bf16 output once, the fp32 one against ref;
-// each call through the fused kernel when the call has at most kDecodeMaxPairs pairs (its launch
-// count proves it ran), else through n8's kernels.
 // Turns the folded combine (MXMOE_DECODE_COMBINE) on or off for the scope, then back.
 struct ScopedCombine {
   const bool before = cuda::DecodeCombineEnabled();
@@ -61,15 +58,17 @@ struct ScopedCombine {
   ~ScopedCombine() { cuda::SetDecodeCombine(before); }
 };
 
-// ExpectRunsMatch: the workspace is 0xFF bytes before each run: h holds NaN until FC1 writes it, so
-// an FC2 unit that read it too early would poison the output, and every flag and count would be
-// set. With the combine folded into the kernel (fused calls only) the bits are the combine
-// kernel's.
+// The fp32 output twice (bit for bit the same) and the bf16 output once, the fp32 one against ref;
+// each call through the fused kernel when the call has at most kDecodeMaxPairs pairs (its launch
+// count proves it ran), else through n8's kernels. The workspace is 0xFF bytes before each run: h
+// holds NaN until FC1 writes it, so an FC2 unit that read it too early would poison the output, and
+// every flag and count would be set. With the combine folded into the kernel (fused calls only) the
+// bits are the combine kernel's.
 void ExpectRunsMatch(const CudaMoe& moe, DeviceCase& dc, const std::vector<float>& ref, int64_t pair_width) {
   const int64_t t = dc.tokens(), hidden = moe.Layout().shape.hidden;
   const bool fused = t * moe.Layout().shape.top_k <= cuda::kDecodeMaxPairs;
   const int64_t launches = cuda::FusedDecodeLaunches();
-  const auto garbage = [&] { ASSERT_EQ(cudaMemset(dc.workspace(), 0xFF, dc.workspace_bytes()), cudaSuccess); };
+  const auto garbage = [&] { ASSERT_EQ(dc.PoisonWorkspace(), cudaSuccess); };
   std::vector<float> a;
   std::vector<uint16_t> a16;
   {
@@ -175,7 +174,7 @@ TEST(CudaFusedDecode, GarbageWorkspaceAndOtherCallsLeaveTheBitsAlone) {
     SCOPED_TRACE("T=" + std::to_string(t));
     DeviceCase small(*moe, Input(s, t, RoutingPattern::kUniform, 2302 + t));
     const auto clean = small.RunF32();
-    ASSERT_EQ(cudaMemset(big.workspace(), 0xFF, big.workspace_bytes()), cudaSuccess);
+    ASSERT_EQ(big.PoisonWorkspace(), cudaSuccess);
     small.Poison();
     const Status st = moe->Run(small.Input(), small.Output(OutputDType::kF32), big.workspace(), big.workspace_bytes(),
                                nullptr);
@@ -233,13 +232,13 @@ TEST(CudaFusedDecode, Fc2WaitsForDelayedFc1Flags) {
     for (int64_t t : {1, 2, 4}) {
       SCOPED_TRACE("K=" + std::to_string(s.hidden) + " T=" + std::to_string(t));
       DeviceCase dc(*moe, Input(s, t, RoutingPattern::kUniform, 2390 + t));
-      ASSERT_EQ(cudaMemset(dc.workspace(), 0xFF, dc.workspace_bytes()), cudaSuccess);
+      ASSERT_EQ(dc.PoisonWorkspace(), cudaSuccess);
       const auto undelayed = dc.RunF32();
       const Delay delay(50000);  // 50 µs per FC1 row block
-      ASSERT_EQ(cudaMemset(dc.workspace(), 0xFF, dc.workspace_bytes()), cudaSuccess);
+      ASSERT_EQ(dc.PoisonWorkspace(), cudaSuccess);
       EXPECT_TRUE(BitwiseEqual(dc.RunF32(), undelayed, {t, s.hidden}));
       const ScopedCombine folded(true);  // (its units wait on FC2's, which wait on FC1's)
-      ASSERT_EQ(cudaMemset(dc.workspace(), 0xFF, dc.workspace_bytes()), cudaSuccess);
+      ASSERT_EQ(dc.PoisonWorkspace(), cudaSuccess);
       EXPECT_TRUE(BitwiseEqual(dc.RunF32(), undelayed, {t, s.hidden})) << "combine folded in";
     }
   }

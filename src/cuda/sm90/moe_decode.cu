@@ -126,7 +126,8 @@ __device__ __forceinline__ void RunDecodeUnit(const DecodeParams& d, const GemmP
 
   if (parts > 1) {
     // The part's sums at [block][part][position][row] (decode_plan.h), the tile's real columns only.
-    // DecodePartialFloat's layout: a part's sums `plane` floats apart, then position, then row.
+    // DecodePartialFloat's layout: a part's sums `plane` floats apart, then position, then row
+    // (spelled out here: DecodePartialFloat called per part made ptxas spill 20 bytes in one instance).
     const int64_t plane = static_cast<int64_t>(d.pairs) * kDecodeBlockRows;
     float* const base = d.partials + DecodePartialFloat(d.plan, d.pairs, kFc1, w.block, 0, 0, 0);
     const int g = lane >> 2, c = lane & 3;
@@ -284,7 +285,6 @@ int DecodeResidentCtasOf(bool combine) {
   return ResidentCtas(combine ? MoeDecodeKernel<DecodeConfig, true> : MoeDecodeKernel<DecodeConfig, false>,
                       DecodeConfig::kThreads, DecodeConfig::kSmemBytes);
 }
-int DecodeResidentCtas(bool) { return DecodeResidentCtasOf(false); }
 
 template <class Cfg>
 cudaError_t PrepareN8f() {
@@ -295,8 +295,10 @@ cudaError_t PrepareN8f() {
 
 template <class Cfg>
 GemmConfigInfo InfoN8fOf(const char* name) {
+  // (GemmConfigInfo's resident_ctas takes FC1 or FC2; n8f's one kernel serves both: the instance
+  // without the combine.)
   return {name, Cfg::kBlockM, Cfg::kBlockN, Cfg::kThreads, Cfg::kStages, Cfg::kSmemBytes, false, kDecodeCtasPerSm,
-          false, &DecodeResidentCtas};
+          false, [](bool) { return DecodeResidentCtasOf(false); }};
 }
 
 }  // namespace
