@@ -657,8 +657,18 @@ GemmConfigInfo TmaInfoOf(const char* name) {
 // kernels latency-bound (T = 8: 647.5 -> 581.0 µs, perf-log v10).
 using ConfigN8 = GemmConfig<8, 3, 1>;
 // Tens of tokens per expert; the MMAs cover only the tile's valid tokens rounded up to 8 (T = 1024,
-// ~18 pairs per expert: 6874 -> 6391 µs, perf-log v10).
-using ConfigN32 = GemmConfig<32, 4, 1, true>;
+// ~18 pairs per expert: 6874 -> 6391 µs, perf-log v10). Its ring is MXMOE_N32_STAGES stages of
+// MXMOE_N32_KSUB steps (default 4 x 1, 50 KB). -DMXMOE_N32_STAGES=2 -DMXMOE_N32_KSUB=2 is the A/B of
+// one CTA barrier per two steps at the same 50 KB (2 steps in flight instead of 3; perf-log v23).
+// 3 x 2 would be 75 KB, which with the static 128 bytes and the 1 KB the SM keeps per CTA leaves
+// room for 2 CTAs per SM, not 3.
+#ifndef MXMOE_N32_STAGES
+#define MXMOE_N32_STAGES 4
+#endif
+#ifndef MXMOE_N32_KSUB
+#define MXMOE_N32_KSUB 1
+#endif
+using ConfigN32 = GemmConfig<32, MXMOE_N32_STAGES, MXMOE_N32_KSUB, true>;
 using ConfigN64 = GemmConfig<64, 3, 2>;  // prefill
 // n8 with the steps of each stage split between two sets of 4 warps (perf-log v10.1: GPT-OSS-120B
 // and DeepSeek-V3 at T = 1 11-12% faster than n8, Kimi-K3 5% slower). Forced only since n8c2
