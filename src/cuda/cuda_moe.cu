@@ -1004,6 +1004,8 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   DebugScope debug(*this, stream, "Run");
   MXMOE_RETURN_IF_ERROR(debug.Begin());
+  // Decode calls launch FC1 and the combine with PDL unless MXMOE_PDL says otherwise (perf-log v23).
+  const cuda::ScopedPdlDefault pdl(t_count * dims_.top_k <= cuda::kDecodeMaxPairs ? cuda::kPdlDecodeSites : 0u);
   if (UsesPairChunks(t_count)) {
     MXMOE_RETURN_IF_ERROR(RunPairChunks(in, out, static_cast<uint8_t*>(workspace), stream));
     return debug.End();

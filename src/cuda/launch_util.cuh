@@ -76,11 +76,12 @@ class EnvInt {
 };
 
 // Programmatic dependent launch (ptx.cuh, GridDependencyWait) by launch site: the kernel that
-// launches with the attribute may start while the kernel before it in the stream still runs. Off by
-// default until measured (perf-log v6, v18: all sites at once cost Kimi-K3 12% at T = 1).
-// MXMOE_PDL=1 turns every site on; MXMOE_PDL=<site>[+<site>...] only the sites named: route (the
-// quantization, routing, gather and position kernels), fc1 (the FC1 GEMM, and n8f's one kernel),
-// fc2 (the FC2 GEMM), combine. Another value is reported once on stderr and ignored.
+// launches with the attribute may start while the kernel before it in the stream still runs.
+// MXMOE_PDL=1 turns every site on, MXMOE_PDL=0 every site off; MXMOE_PDL=<site>[+<site>...] only the
+// sites named: route (the quantization, routing, gather and position kernels), fc1 (the FC1 GEMM,
+// and n8f's one kernel), fc2 (the FC2 GEMM), combine. Another value is reported once on stderr and
+// ignored. Without the variable, a call's sites are those its thread set (ScopedPdlDefault): the
+// decode calls take kPdlDecodeSites, every other launch none.
 enum class PdlSite : unsigned { kRoute = 1u, kFc1 = 2u, kFc2 = 4u, kCombine = 8u };
 inline constexpr unsigned kPdlAllSites = static_cast<unsigned>(PdlSite::kRoute) | static_cast<unsigned>(PdlSite::kFc1) |
                                          static_cast<unsigned>(PdlSite::kFc2) |
@@ -114,14 +115,47 @@ inline int ParsePdlSites(const char* v) {
   return static_cast<int>(mask);
 }
 
-inline bool PdlAt(PdlSite site) {
-  static const unsigned sites = [] {
+// The decode calls' sites (at most kDecodeMaxPairs pairs; cuda_moe.cu): the edges into FC1 and into
+// the combine. On an H100 they took 0.4-5% off 8 of the 9 decode rows of perf-log v23 (Kimi-K3,
+// GPT-OSS-120B, DeepSeek-V3 at T = 1, 2, 8) and cost DeepSeek-V3 at T = 2 1-2%; the FC2 edge is what
+// made every site at once slower (v18, v23).
+inline constexpr unsigned kPdlDecodeSites =
+    static_cast<unsigned>(PdlSite::kFc1) | static_cast<unsigned>(PdlSite::kCombine);
+
+// The sites of the launches this thread makes while MXMOE_PDL is unset (none outside a scope).
+inline unsigned& PdlDefaultSites() {
+  static thread_local unsigned sites = 0;
+  return sites;
+}
+
+// Sets this thread's default sites for the scope's launches and restores the ones before it.
+class ScopedPdlDefault {
+ public:
+  explicit ScopedPdlDefault(unsigned sites) : before_(PdlDefaultSites()) { PdlDefaultSites() = sites; }
+  ~ScopedPdlDefault() { PdlDefaultSites() = before_; }
+  ScopedPdlDefault(const ScopedPdlDefault&) = delete;
+  ScopedPdlDefault& operator=(const ScopedPdlDefault&) = delete;
+
+ private:
+  unsigned before_;
+};
+
+// MXMOE_PDL's mask (read once), or -1 where it is unset or ignored.
+inline int PdlSitesFromEnv() {
+  static const int sites = [] {
     const char* v = std::getenv("MXMOE_PDL");
+    if (v == nullptr) return -1;
     const int parsed = ParsePdlSites(v);
-    if (parsed >= 0) return static_cast<unsigned>(parsed);
-    std::fprintf(stderr, "mxmoe: MXMOE_PDL=%s ignored: expected 1, 0 or sites from route+fc1+fc2+combine\n", v);
-    return 0u;
+    if (parsed < 0)
+      std::fprintf(stderr, "mxmoe: MXMOE_PDL=%s ignored: expected 1, 0 or sites from route+fc1+fc2+combine\n", v);
+    return parsed;
   }();
+  return sites;
+}
+
+inline bool PdlAt(PdlSite site) {
+  const int from_env = PdlSitesFromEnv();
+  const unsigned sites = from_env >= 0 ? static_cast<unsigned>(from_env) : PdlDefaultSites();
   return (sites & static_cast<unsigned>(site)) != 0;
 }
 

@@ -57,6 +57,17 @@ inline std::vector<uint16_t> ReferenceBf16(const ExpertSet& experts, const MoeIn
   return RunBf16(ReferenceMoe, experts, in);
 }
 
+// ReferenceMoe's output from the CPU backend on every core: the same bits (CpuMoe's contract, held
+// to ReferenceMoe and an independent implementation by tests/cpu/test_reference.cpp) in a fraction
+// of the time, for the GPU tests' larger references. The CPU tests keep ReferenceF32.
+inline std::vector<float> CpuBackendF32(const ExpertSet& experts, const MoeInput& in) {
+  return RunF32([](const ExpertSet& e, const MoeInput& i, const MoeOutput& o) { return CpuMoe(e, i, o); }, experts, in);
+}
+inline std::vector<uint16_t> CpuBackendBf16(const ExpertSet& experts, const MoeInput& in) {
+  return RunBf16([](const ExpertSet& e, const MoeInput& i, const MoeOutput& o) { return CpuMoe(e, i, o); }, experts,
+                 in);
+}
+
 // A synthetic expert set; adds a failure if it cannot be made.
 inline ExpertSet SyntheticSet(const LayerShape& shape, const ActivationSpec& act, uint64_t seed,
                               const ParallelSlice& slice = {}, bool with_bias = false) {

@@ -153,6 +153,7 @@ class CapturedCall {
   CapturedCall& operator=(const CapturedCall&) = delete;
   const Status& status() const { return status_; }
   cudaStream_t stream() const { return stream_; }
+  cudaGraph_t graph() const { return graph_; }
   void Replay(int times = 1) {
     ASSERT_NE(exec_, nullptr) << "nothing was captured: " << status_.ToString();
     for (int i = 0; i < times; ++i) MXMOE_CUDA_OK(cudaGraphLaunch(exec_, stream_));

@@ -6,13 +6,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "common/compare.h"
 #include "common/moe_run.h"
 #include "common/random.h"
+#include "cuda/decode_plan.h"
 #include "cuda/heuristics.h"
+#include "cuda/launch_util.cuh"
 #include "cuda/moe_kernels.h"
 #include "cuda/weight_layout.h"
 #include "gpu/gpu_harness.h"
@@ -37,14 +40,10 @@ SyntheticInput Input(const LayerShape& s, int64_t t, RoutingPattern p, uint64_t 
 }
 
 std::vector<float> CpuF32(const ExpertSet& set, const SyntheticInput& in, bool threaded) {
-  if (!threaded) return ReferenceF32(set, InputOf(in));
-  return RunF32([](const ExpertSet& e, const MoeInput& i, const MoeOutput& o) { return CpuMoe(e, i, o); },
-                set, InputOf(in));
+  return threaded ? CpuBackendF32(set, InputOf(in)) : ReferenceF32(set, InputOf(in));
 }
 std::vector<uint16_t> CpuBf16(const ExpertSet& set, const SyntheticInput& in, bool threaded) {
-  if (!threaded) return ReferenceBf16(set, InputOf(in));
-  return RunBf16([](const ExpertSet& e, const MoeInput& i, const MoeOutput& o) { return CpuMoe(e, i, o); },
-                 set, InputOf(in));
+  return threaded ? CpuBackendBf16(set, InputOf(in)) : ReferenceBf16(set, InputOf(in));
 }
 
 // ---- the private weight layout, on the host -----------------------------------------------------
@@ -811,6 +810,45 @@ TEST(CudaMoeGraph, CapturedReplayWithNewInputsEqualsEager) {
     EXPECT_TRUE(BitwiseEqualBf16(replayed, eager, {t, s.hidden}));
     EXPECT_TRUE(MoeCloseBf16(eager, dc.RunBf16(true), {t, s.hidden}, s.top_k * s.intermediate));
   }
+}
+
+// The edges of a captured graph whose downstream kernel may start before the upstream one ends (a
+// launch with PDL's attribute under capture); -1 if the graph cannot be read.
+int ProgrammaticEdges(cudaGraph_t graph) {
+  size_t n = 0;
+  if (graph == nullptr || cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &n) != cudaSuccess) return -1;
+  std::vector<cudaGraphNode_t> from(n), to(n);
+  std::vector<cudaGraphEdgeData> data(n);
+  if (n > 0 && cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &n) != cudaSuccess) return -1;
+  int programmatic = 0;
+  for (const cudaGraphEdgeData& e : data) programmatic += e.type == cudaGraphDependencyTypeProgrammatic ? 1 : 0;
+  return programmatic;
+}
+
+// Without MXMOE_PDL, a decode call (at most kDecodeMaxPairs pairs) launches FC1 and the combine
+// with PDL's attribute, and no other kernel (perf-log v23); a larger call launches none with it. The
+// captured graphs show it as programmatic edges; the replays equal the eager calls.
+TEST(CudaMoeGraph, DecodeCallsOverlapOnlyTheEdgesIntoFc1AndTheCombine) {
+  MXMOE_REQUIRE_SM90();
+  if (std::getenv("MXMOE_PDL") != nullptr) GTEST_SKIP() << "MXMOE_PDL is set: it replaces the default sites";
+  const LayerShape s{64, 1024, 512, 8};
+  ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 151);
+  auto moe = MakeCudaMoe(set);
+  ASSERT_TRUE(moe);
+  for (int64_t t : {1, 8, 32, 33, 512}) {
+    SCOPED_TRACE("T=" + std::to_string(t));
+    const bool decode = t * s.top_k <= cuda::kDecodeMaxPairs;
+    DeviceCase dc(*moe, Input(s, t, RoutingPattern::kUniform, 152 + t));
+    const auto eager = dc.RunBf16();
+    CapturedCall captured(dc, OutputDType::kBF16);
+    ASSERT_TRUE(captured.status().ok()) << captured.status().ToString();
+    EXPECT_EQ(ProgrammaticEdges(captured.graph()), decode ? 2 : 0);
+    dc.Poison(captured.stream());
+    captured.Replay();
+    EXPECT_TRUE(BitwiseEqualBf16(dc.Fetch<uint16_t>(), eager, {t, s.hidden}));
+  }
+  // Outside a call, and in a call's thread only while the call runs.
+  EXPECT_EQ(cuda::PdlDefaultSites(), 0u);
 }
 
 }  // namespace

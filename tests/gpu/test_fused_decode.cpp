@@ -123,7 +123,7 @@ TEST(CudaFusedDecode, SmallLayersMatchCpuReference) {
         SCOPED_TRACE(std::string(ActivationName(c.kind)) + " " + RoutingPatternName(pat) + " T=" + std::to_string(t) +
                      " K=" + std::to_string(s.hidden) + " I=" + std::to_string(s.intermediate));
         DeviceCase dc(*moe, in);
-        ExpectRunsMatch(*moe, dc, ReferenceF32(set, InputOf(in)), s.top_k * s.intermediate);
+        ExpectRunsMatch(*moe, dc, CpuBackendF32(set, InputOf(in)), s.top_k * s.intermediate);
       }
     }
   }
@@ -296,7 +296,7 @@ TEST(CudaFusedDecode, SlicesMatchTheirCpuReference) {
         auto moe = MakeCudaMoe(set);
         ASSERT_TRUE(moe);
         DeviceCase dc(*moe, in);
-        ExpectRunsMatch(*moe, dc, ReferenceF32(set, InputOf(in)), s.top_k * s.intermediate / tp);
+        ExpectRunsMatch(*moe, dc, CpuBackendF32(set, InputOf(in)), s.top_k * s.intermediate / tp);
       }
     }
   }
@@ -315,7 +315,7 @@ TEST(CudaFusedDecode, OutOfRangeIdsAreSkipped) {
   SyntheticInput clean = in;
   PutOutOfRangeIds(&in, &clean);
   DeviceCase dc(*moe, in);
-  ExpectRunsMatch(*moe, dc, ReferenceF32(set, InputOf(clean)), s.top_k * s.intermediate);
+  ExpectRunsMatch(*moe, dc, CpuBackendF32(set, InputOf(clean)), s.top_k * s.intermediate);
 }
 
 // MXMOE_STAGE_TIMES's lines (the device-gpu.sh timeline stage reads them): one per eager call, with

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <initializer_list>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -242,6 +243,33 @@ TEST(LaunchUtil, PdlSitesParseNamesAndRejectOthers) {
   EXPECT_EQ(cuda::ParsePdlSites("fc2+fc2"), mask({PdlSite::kFc2}));
   for (const char* bad : {"2", "fc", "fc1+", "+fc1", "fc1++fc2", "fc1,fc2", "FC1", "fc1 ", "combine+x", "true"})
     EXPECT_EQ(cuda::ParsePdlSites(bad), -1) << "'" << bad << "'";
+}
+
+// Without MXMOE_PDL, a thread's launches take the sites of its innermost ScopedPdlDefault, and none
+// outside one; another thread keeps its own. Host code only.
+TEST(LaunchUtil, PdlDefaultSitesFollowTheThreadsScope) {
+  if (std::getenv("MXMOE_PDL") != nullptr) GTEST_SKIP() << "MXMOE_PDL is set: it replaces the default sites";
+  using cuda::PdlSite;
+  const PdlSite all[] = {PdlSite::kRoute, PdlSite::kFc1, PdlSite::kFc2, PdlSite::kCombine};
+  const auto sites_on = [&] {
+    unsigned m = 0;
+    for (const PdlSite s : all) m |= cuda::PdlAt(s) ? static_cast<unsigned>(s) : 0u;
+    return m;
+  };
+  EXPECT_EQ(sites_on(), 0u);
+  {
+    const cuda::ScopedPdlDefault decode(cuda::kPdlDecodeSites);
+    EXPECT_EQ(sites_on(), static_cast<unsigned>(PdlSite::kFc1) | static_cast<unsigned>(PdlSite::kCombine));
+    {
+      const cuda::ScopedPdlDefault none(0u);
+      EXPECT_EQ(sites_on(), 0u);
+    }
+    EXPECT_EQ(sites_on(), cuda::kPdlDecodeSites);
+    unsigned other = ~0u;
+    std::thread([&] { other = sites_on(); }).join();
+    EXPECT_EQ(other, 0u);
+  }
+  EXPECT_EQ(sites_on(), 0u);
 }
 
 // The heuristics' narrow-tile boundary (heuristics.cu, perf-log v13.1): n8 below ~6 pairs per
