@@ -41,6 +41,9 @@
 #ifndef MXMOE_LATE_TRIGGER
 #define MXMOE_LATE_TRIGGER 0
 #endif
+#ifndef MXMOE_HOIST_WIDTH
+#define MXMOE_HOIST_WIDTH 0
+#endif
 
 namespace mxmoe::cuda::sm90 {
 
@@ -170,6 +173,19 @@ __device__ __forceinline__ void ComputeStepOfWidth(int n_tiles, const uint8_t* s
   } else {
     if (n_tiles <= kNT) ComputeStep<Cfg, kNT>(smem_a, smem_s, smem_b, warp, lane, acc);
     else ComputeStepOfWidth<Cfg, kNT + 1>(n_tiles, smem_a, smem_s, smem_b, warp, lane, acc);
+  }
+}
+
+// fn(std::integral_constant<int, w>) for w = the tile's 8-token MMA tiles (kAdaptiveWidth; all
+// kNTiles otherwise): the width chosen once per tile, for a main loop of that width
+// (-DMXMOE_HOIST_WIDTH=1), instead of once per step by ComputeStepOfWidth.
+template <class Cfg, int kNT = 1, class Fn>
+__device__ __forceinline__ void WithTileWidth(int n_tiles, Fn&& fn) {
+  if constexpr (!Cfg::kAdaptiveWidth || kNT >= Cfg::kNTiles) {
+    fn(std::integral_constant<int, Cfg::kNTiles>{});
+  } else {
+    if (n_tiles <= kNT) fn(std::integral_constant<int, kNT>{});
+    else WithTileWidth<Cfg, kNT + 1>(n_tiles, fn);
   }
 }
 
@@ -411,9 +427,19 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
     }
   }
   if (!muxed) {
+#if MXMOE_HOIST_WIDTH
+    // One main loop per width (n32: 4), the tile's chosen before the loop: in n32's stall samples at
+    // T = 1024 the per-step choice's branches and compares were ~15% (perf-log v23).
+    WithTileWidth<Cfg>(n_tiles, [&](auto width) {
+      main_loop([&](const uint8_t* a, const uint8_t* sc, const uint8_t* b, int) {
+        ComputeStep<Cfg, decltype(width)::value>(a, sc, b, row_warp, lane, acc);
+      });
+    });
+#else
     main_loop([&](const uint8_t* a, const uint8_t* sc, const uint8_t* b, int) {
       ComputeStepOfWidth<Cfg>(n_tiles, a, sc, b, row_warp, lane, acc);
     });
+#endif
   }
   clock.MainEnd();
 #if MXMOE_LATE_TRIGGER
