@@ -35,7 +35,14 @@ inline constexpr int kDecodeMaxSplit = 8;     // parts of one tile's reduction, 
 #define MXMOE_DECODE_SPLIT_PAIRS 64
 #endif
 inline constexpr int kDecodeSplitPairs = MXMOE_DECODE_SPLIT_PAIRS;
-inline constexpr int kDecodeMinPartSteps = 4;  // 64-wide steps per part, at least (where s > 1)
+// 64-wide steps per part, at least (where s > 1); -DMXMOE_DECODE_MIN_PART_STEPS=2 with
+// -DMXMOE_DECODE_SPLIT_PAIRS=128 gives Kimi-K3's T = 1 8 parts of 7 and 6 steps (an A/B, perf-log
+// v23).
+#ifndef MXMOE_DECODE_MIN_PART_STEPS
+#define MXMOE_DECODE_MIN_PART_STEPS 4
+#endif
+inline constexpr int kDecodeMinPartSteps = MXMOE_DECODE_MIN_PART_STEPS;
+static_assert(kDecodeMinPartSteps >= 1, "a part has steps");
 inline constexpr int kDecodeMaxPairs = 256;   // calls of more pairs run n8's two kernels
 inline constexpr int kDecodeBlockRows = 256;  // rows of a unit (n8's CTA)
 inline constexpr int kDecodeBlockTokens = 8;  // tokens of a tile (n8's BLOCK_N)
