@@ -116,7 +116,7 @@ inline int ParsePdlSites(const char* v) {
 }
 
 // The decode calls' sites (at most kDecodeMaxPairs pairs; cuda_moe.cu): the edges into FC1 and into
-// the combine. On an H100 they took 0.4-5% off 8 of the 9 decode rows of perf-log v23 (Kimi-K3,
+// the combine. On an H100 they took 0.2-5% off 8 of the 9 decode rows of perf-log v23 (Kimi-K3,
 // GPT-OSS-120B, DeepSeek-V3 at T = 1, 2, 8) and cost DeepSeek-V3 at T = 2 1-2%; the FC2 edge is what
 // made every site at once slower (v18, v23).
 inline constexpr unsigned kPdlDecodeSites =

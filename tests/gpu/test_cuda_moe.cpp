@@ -847,7 +847,7 @@ TEST(CudaMoeGraph, DecodeCallsOverlapOnlyTheEdgesIntoFc1AndTheCombine) {
     captured.Replay();
     EXPECT_TRUE(BitwiseEqualBf16(dc.Fetch<uint16_t>(), eager, {t, s.hidden}));
   }
-  // Outside a call, and in a call's thread only while the call runs.
+  // Each call restored its thread's default sites (none) when it returned.
   EXPECT_EQ(cuda::PdlDefaultSites(), 0u);
 }
 
