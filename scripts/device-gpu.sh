@@ -416,6 +416,24 @@ if named ab; then
     [ "$rc" = 0 ] || note "$tag: mxmoe bench rc=$rc"
     note "$tag: $(ab_clock_summary "$smi_log")"
   done
+  # The rows above once more as one short line per shape and T (eager / graph µs per run, in run
+  # order; FAIL where the row's check failed), last in the summary: a call's output keeps only its
+  # tail, and the full rows are ~200 characters each.
+  note "ab table (shape T | run: eager / graph µs, in run order):"
+  python3 - "$SUMMARY" <<'PY' | tee -a "$SUMMARY"
+import re, sys
+rows = {}
+pat = re.compile(r"^(\w+): (kimi-k3|gpt-oss-120b|deepseek-v3)\s+\S+\s+(\d+)\s+\d+\s+\d+\s+([\d.]+)\s+([\d.]+)")
+for line in open(sys.argv[1], errors="replace"):
+    m = pat.match(line)
+    if m:
+        cell = f"{m[1]} {m[4]}/{m[5]}" + ("" if " ok (" in line else " FAIL")
+        rows.setdefault((m[2], int(m[3])), []).append(cell)
+    elif re.match(r"^\w+: .*FAIL", line):
+        rows.setdefault(("failed rows", 0), []).append(line.split(":")[0])
+for (shape, t), cells in rows.items():
+    print(f"  {shape} {t} | " + " | ".join(cells))
+PY
 fi
 
 # Not part of `all` (it builds a second tree): `scripts/device-gpu.sh sm120`. A tree for sm_90a and
