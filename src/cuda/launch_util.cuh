@@ -80,8 +80,8 @@ class EnvInt {
 // MXMOE_PDL=1 turns every site on, MXMOE_PDL=0 every site off; MXMOE_PDL=<site>[+<site>...] only the
 // sites named: route (the quantization, routing, gather and position kernels), fc1 (the FC1 GEMM,
 // and n8f's one kernel), fc2 (the FC2 GEMM), combine. Another value is reported once on stderr and
-// ignored. Without the variable, a call's sites are those its thread set (ScopedPdlDefault): the
-// decode calls take kPdlDecodeSites, every other launch none.
+// ignored. Without the variable (or with an ignored value), a call's sites are those its thread set
+// (ScopedPdlDefault): the decode calls take kPdlDecodeSites, every other launch none.
 enum class PdlSite : unsigned { kRoute = 1u, kFc1 = 2u, kFc2 = 4u, kCombine = 8u };
 inline constexpr unsigned kPdlAllSites = static_cast<unsigned>(PdlSite::kRoute) | static_cast<unsigned>(PdlSite::kFc1) |
                                          static_cast<unsigned>(PdlSite::kFc2) |
@@ -117,12 +117,14 @@ inline int ParsePdlSites(const char* v) {
 
 // The decode calls' sites (at most kDecodeMaxPairs pairs; cuda_moe.cu): the edges into FC1 and into
 // the combine. On an H100 they took 0.2-5% off 8 of the 9 decode rows of perf-log v23 (Kimi-K3,
-// GPT-OSS-120B, DeepSeek-V3 at T = 1, 2, 8) and cost DeepSeek-V3 at T = 2 1-2%; the FC2 edge is what
-// made every site at once slower (v18, v23).
+// GPT-OSS-120B, DeepSeek-V3 at T = 1, 2, 8) and cost DeepSeek-V3 at T = 2 1.2% (2.4% on CUDA
+// graphs). Every site at once was slower (v18, v23), most likely through the edge into FC2: a late
+// trigger recovered most of that loss (v23; the FC2 site alone was not measured).
 inline constexpr unsigned kPdlDecodeSites =
     static_cast<unsigned>(PdlSite::kFc1) | static_cast<unsigned>(PdlSite::kCombine);
 
-// The sites of the launches this thread makes while MXMOE_PDL is unset (none outside a scope).
+// The sites of the launches this thread makes while MXMOE_PDL is unset or ignored (none outside a
+// scope).
 inline unsigned& PdlDefaultSites() {
   static thread_local unsigned sites = 0;
   return sites;

@@ -812,22 +812,71 @@ TEST(CudaMoeGraph, CapturedReplayWithNewInputsEqualsEager) {
   }
 }
 
-// The edges of a captured graph whose downstream kernel may start before the upstream one ends (a
-// launch with PDL's attribute under capture); -1 if the graph cannot be read.
-int ProgrammaticEdges(cudaGraph_t graph) {
-  size_t n = 0;
-  if (graph == nullptr || cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &n) != cudaSuccess) return -1;
-  std::vector<cudaGraphNode_t> from(n), to(n);
-  std::vector<cudaGraphEdgeData> data(n);
-  if (n > 0 && cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &n) != cudaSuccess) return -1;
-  int programmatic = 0;
-  for (const cudaGraphEdgeData& e : data) programmatic += e.type == cudaGraphDependencyTypeProgrammatic ? 1 : 0;
-  return programmatic;
+// The nodes of a captured call in launch order, each with its kernel's name and whether its incoming
+// edge is programmatic (a launch with PDL's attribute under capture: the kernel may start before the
+// one before it ends); empty, with a failure added, if the graph is not one chain.
+struct ChainKernel {
+  std::string name;  // the entry function's (mangled) name
+  bool programmatic_in;
+};
+std::vector<ChainKernel> KernelChain(cudaGraph_t graph) {
+  size_t n_nodes = 0, n_edges = 0;
+  EXPECT_EQ(cudaGraphGetNodes(graph, nullptr, &n_nodes), cudaSuccess);
+  EXPECT_EQ(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &n_edges), cudaSuccess);
+  std::vector<cudaGraphNode_t> from(n_edges), to(n_edges);
+  std::vector<cudaGraphEdgeData> data(n_edges);
+  if (n_edges > 0) EXPECT_EQ(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &n_edges), cudaSuccess);
+  if (n_nodes == 0 || n_edges + 1 != n_nodes) {
+    ADD_FAILURE() << n_nodes << " nodes and " << n_edges << " edges: not a chain";
+    return {};
+  }
+  size_t roots = 1;
+  cudaGraphNode_t node = nullptr;
+  EXPECT_EQ(cudaGraphGetRootNodes(graph, &node, &roots), cudaSuccess);
+  std::vector<ChainKernel> chain;
+  bool programmatic = false;
+  while (node != nullptr && chain.size() < n_nodes) {
+    cudaGraphNodeType type = cudaGraphNodeTypeEmpty;
+    EXPECT_EQ(cudaGraphNodeGetType(node, &type), cudaSuccess);
+    std::string name = "(not a kernel)";  // (a memset, say: the sort's)
+    if (type == cudaGraphNodeTypeKernel) {
+      cudaKernelNodeParams params = {};
+      const char* fn = nullptr;
+      if (cudaGraphKernelNodeGetParams(node, &params) != cudaSuccess ||
+          cudaFuncGetName(&fn, params.func) != cudaSuccess || fn == nullptr) {
+        ADD_FAILURE() << "kernel node " << chain.size() << " has no name";
+        return {};
+      }
+      name = fn;
+    }
+    chain.push_back({name, programmatic});
+    cudaGraphNode_t next = nullptr;
+    for (size_t e = 0; e < n_edges; ++e) {
+      if (from[e] != node) continue;
+      if (next != nullptr) {
+        ADD_FAILURE() << "node " << chain.size() - 1 << " has two successors";
+        return {};
+      }
+      next = to[e];
+      programmatic = data[e].type == cudaGraphDependencyTypeProgrammatic;
+    }
+    node = next;
+  }
+  EXPECT_EQ(chain.size(), n_nodes) << "the chain from the root misses nodes";
+  return chain;
 }
 
-// Without MXMOE_PDL, a decode call (at most kDecodeMaxPairs pairs) launches FC1 and the combine
-// with PDL's attribute, and no other kernel (perf-log v23); a larger call launches none with it. The
-// captured graphs show it as programmatic edges; the replays equal the eager calls.
+bool IsGemmKernel(const std::string& name) {
+  for (const char* k : {"MoeGemmKernel", "MoeGemmTmaKernel", "MoeWgmmaKernel", "MoeWgmmaFc1PersistentKernel",
+                        "MoeDecodeKernel", "MoeGemmSm120Kernel"})
+    if (name.find(k) != std::string::npos) return true;
+  return false;
+}
+
+// Without MXMOE_PDL, a decode call (at most kDecodeMaxPairs pairs) launches its first GEMM kernel
+// (FC1, or n8f's one kernel) and the combine with PDL's attribute, and no other kernel (perf-log
+// v23); a larger call launches none with it. The captured graphs show it as programmatic edges;
+// each replay equals its eager call.
 TEST(CudaMoeGraph, DecodeCallsOverlapOnlyTheEdgesIntoFc1AndTheCombine) {
   MXMOE_REQUIRE_SM90();
   if (std::getenv("MXMOE_PDL") != nullptr) GTEST_SKIP() << "MXMOE_PDL is set: it replaces the default sites";
@@ -835,17 +884,37 @@ TEST(CudaMoeGraph, DecodeCallsOverlapOnlyTheEdgesIntoFc1AndTheCombine) {
   ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 151);
   auto moe = MakeCudaMoe(set);
   ASSERT_TRUE(moe);
-  for (int64_t t : {1, 8, 32, 33, 512}) {
-    SCOPED_TRACE("T=" + std::to_string(t));
-    const bool decode = t * s.top_k <= cuda::kDecodeMaxPairs;
-    DeviceCase dc(*moe, Input(s, t, RoutingPattern::kUniform, 152 + t));
-    const auto eager = dc.RunBf16();
-    CapturedCall captured(dc, OutputDType::kBF16);
-    ASSERT_TRUE(captured.status().ok()) << captured.status().ToString();
-    EXPECT_EQ(ProgrammaticEdges(captured.graph()), decode ? 2 : 0);
-    dc.Poison(captured.stream());
-    captured.Replay();
-    EXPECT_TRUE(BitwiseEqualBf16(dc.Fetch<uint16_t>(), eager, {t, s.hidden}));
+  // The heuristics' configs with the combine kernel, then n8f with the combine folded in (no
+  // combine kernel: one programmatic edge); the workspace target and chunk mode as by default.
+  for (const int config : {-1, static_cast<int>(cuda::GemmConfigId::kN8f)}) {
+    const bool folded = config >= 0;
+    const ChunkSettings plan(0, cuda::PairChunksEnabled(), config, folded);
+    for (int64_t t : {1, 8, 32, 33, 512}) {
+      const bool decode = t * s.top_k <= cuda::kDecodeMaxPairs;
+      SCOPED_TRACE("T=" + std::to_string(t) + " plan " + moe->Plan(t));
+      DeviceCase dc(*moe, Input(s, t, RoutingPattern::kUniform, 152 + t));
+      const auto eager = dc.RunBf16();
+      CapturedCall captured(dc, OutputDType::kBF16);
+      ASSERT_TRUE(captured.status().ok()) << captured.status().ToString();
+      const std::vector<ChainKernel> chain = KernelChain(captured.graph());
+      ASSERT_GE(chain.size(), 2u);
+      bool first_gemm = true;
+      for (size_t i = 0; i < chain.size(); ++i) {
+        const bool gemm = IsGemmKernel(chain[i].name);
+        const bool combine = chain[i].name.find("CombineKernel") != std::string::npos;
+        const bool want = decode && ((gemm && first_gemm) || combine);
+        EXPECT_EQ(chain[i].programmatic_in, want) << "kernel " << i << ": " << chain[i].name;
+        if (gemm) first_gemm = false;
+      }
+      if (decode && folded && moe->Plan(t) == "n8f+combine") {
+        EXPECT_EQ(chain.size(), 2u) << "routing and n8f, no combine kernel";
+      } else {
+        EXPECT_NE(chain.back().name.find("CombineKernel"), std::string::npos) << chain.back().name;
+      }
+      dc.Poison(captured.stream());
+      captured.Replay();
+      EXPECT_TRUE(BitwiseEqualBf16(dc.Fetch<uint16_t>(), eager, {t, s.hidden}));
+    }
   }
   // Each call restored its thread's default sites (none) when it returned.
   EXPECT_EQ(cuda::PdlDefaultSites(), 0u);

@@ -429,7 +429,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
   if (!muxed) {
 #if MXMOE_HOIST_WIDTH
     // One main loop per width (n32: 4), the tile's chosen before the loop: in n32's stall samples at
-    // T = 1024 the per-step choice's branches and compares were ~15% (perf-log v23).
+    // T = 1024 the per-step choice's compares and branches were a share of the ~20% that was not
+    // the decode or the MMAs (perf-log v23).
     WithTileWidth<Cfg>(n_tiles, [&](auto width) {
       main_loop([&](const uint8_t* a, const uint8_t* sc, const uint8_t* b, int) {
         ComputeStep<Cfg, decltype(width)::value>(a, sc, b, row_warp, lane, acc);
