@@ -186,7 +186,7 @@ TEST(CudaGemmConfigs, L2LookAheadLeavesResultsBitIdentical) {
         }
         ++checked;
       }
-      EXPECT_EQ(checked, 7) << "n8, n32, n8k2, n8c2, n8c4, n32t, n8t";
+      EXPECT_EQ(checked, 8) << "n8, n32, n8k2, n8c2, n8c4, n32t, n8t, n8c2d";
     }
   }
   // Out of range: clamped, never past kMaxL2Ahead or below 0.

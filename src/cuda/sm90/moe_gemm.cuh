@@ -708,6 +708,10 @@ using ConfigN8Cluster2 = GemmConfig<8, 3, 1, false, 1, 2>;
 // n8c2 with clusters of four CTAs, each a quarter of the reduction, for calls with still fewer tiles
 // (GPT-OSS-120B at T = 1: ~91 FC1 and ~47 FC2 tiles). perf-log v13.2.
 using ConfigN8Cluster4 = GemmConfig<8, 3, 1, false, 1, 4>;
+// n8c2 with 5 stages (48 KB: 4 CTAs per SM instead of 7) for FC2 at T = 1, whose 448 CTAs (Kimi-K3)
+// fill 3-4 slots of an SM: 4 steps in flight per CTA instead of 2, where n8c2's warps waited for
+// their copies in 39% of the stall samples (perf-log v23). Forced only (MXMOE_GEMM_CONFIG=/n8c2d).
+using ConfigN8Cluster2Deep = GemmConfig<8, 5, 1, false, 1, 2>;
 // n32 and n8 fed by the copy engine (MoeGemmTmaKernel; forced only, not yet measured: perf-log v20).
 // n32t: 5 stages of 13 KB, so that 3 CTAs still share an SM and 3 steps are in flight as in n32.
 // n8t: 4 stages of 10 KB refilled with a lag of one step (3 in flight; 5 CTAs per SM by shared

@@ -30,6 +30,7 @@ MXMOE_DECLARE_CONFIG(Wg128h)
 MXMOE_DECLARE_CONFIG(N32t)
 MXMOE_DECLARE_CONFIG(N8t)
 MXMOE_DECLARE_CONFIG(N8f)
+MXMOE_DECLARE_CONFIG(N8c2d)
 #undef MXMOE_DECLARE_CONFIG
 }  // namespace sm90
 
@@ -52,6 +53,8 @@ GemmConfigInfo GemmInfo(GemmConfigId id) {
     case GemmConfigId::kN32t: return sm90::InfoN32t();
     case GemmConfigId::kN8t: return sm90::InfoN8t();
     case GemmConfigId::kN8f: return sm90::InfoN8f();
+    case GemmConfigId::kN8c2d:
+      return sm90::InfoN8c2d();
   }
   return sm90::InfoN8();
 }
@@ -74,6 +77,7 @@ cudaError_t PrepareGemmKernels() {
   if (e == cudaSuccess) e = sm90::PrepareGemmN32t();
   if (e == cudaSuccess) e = sm90::PrepareGemmN8t();
   if (e == cudaSuccess) e = sm90::PrepareGemmN8f();
+  if (e == cudaSuccess) e = sm90::PrepareGemmN8c2d();
   return e;
 }
 
@@ -118,6 +122,8 @@ cudaError_t LaunchGemm(GemmConfigId id, bool fc1, const GemmParams& p, int64_t g
     case GemmConfigId::kN32t: return sm90::LaunchGemmN32t(fc1, p, grid_ctas, stream);
     case GemmConfigId::kN8t: return sm90::LaunchGemmN8t(fc1, p, grid_ctas, stream);
     case GemmConfigId::kN8f: return sm90::LaunchGemmN8f(fc1, p, grid_ctas, stream);
+    case GemmConfigId::kN8c2d:
+      return sm90::LaunchGemmN8c2d(fc1, p, grid_ctas, stream);
   }
   return cudaErrorInvalidValue;
 }
