@@ -221,6 +221,7 @@ int main(int argc, char** argv) {
       {"fc1-t1", 16, 24, 56},
       {"fc2-t1", 16, 14, 48},
       {"fc1-t1-k2", 16, 48, 28},  // the FC1 call cut in two along K: twice the CTAs, half the steps
+      {"fc2-t1-k2", 16, 28, 24},  // FC2 cut in two (n8c2's 448 CTAs): 3 against 5 stages (n8c2d)
   };
   std::mt19937 rng(12345);
   for (const Shape& shape : shapes) {
@@ -254,6 +255,7 @@ int main(int argc, char** argv) {
     };
     for (int spin : {0, 1000, 2000}) {
       run("cpasync", CpAsyncProbe<3>, 3, spin);
+      run("cpasync", CpAsyncProbe<5>, 5, spin);
       run("cpasync", CpAsyncProbe<6>, 6, spin);
       run("bulk", BulkProbe<3>, 3, spin);
       run("bulk", BulkProbe<6>, 6, spin);
