@@ -29,8 +29,8 @@
 namespace mxmoe::cuda {
 
 inline constexpr int kDecodeMaxSplit = 8;     // parts of one tile's reduction, at most
-// s * pairs at most: bounds the parts' fp32 sums (-DMXMOE_DECODE_SPLIT_PAIRS=16 or 32 for an A/B
-// of fewer, longer parts: s = 1 or 2 at Kimi-K3's T = 1; perf-log v22).
+// s * pairs at most: bounds the parts' fp32 sums (an A/B knob: 16 or 32 give fewer, longer parts, s = 1
+// or 2 at Kimi-K3's T = 1; 128 more, shorter ones; perf-log v22, v23).
 #ifndef MXMOE_DECODE_SPLIT_PAIRS
 #define MXMOE_DECODE_SPLIT_PAIRS 64
 #endif

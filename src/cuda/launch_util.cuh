@@ -83,6 +83,8 @@ class EnvInt {
 // ignored. Without the variable (or with an ignored value), a call's sites are those its thread set
 // (ScopedPdlDefault): the decode calls take kPdlDecodeSites, every other launch none.
 enum class PdlSite : unsigned { kRoute = 1u, kFc1 = 2u, kFc2 = 4u, kCombine = 8u };
+// The site of a GEMM kernel's launch.
+constexpr PdlSite GemmPdlSite(bool fc1) { return fc1 ? PdlSite::kFc1 : PdlSite::kFc2; }
 inline constexpr unsigned kPdlAllSites = static_cast<unsigned>(PdlSite::kRoute) | static_cast<unsigned>(PdlSite::kFc1) |
                                          static_cast<unsigned>(PdlSite::kFc2) |
                                          static_cast<unsigned>(PdlSite::kCombine);

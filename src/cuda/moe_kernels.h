@@ -236,26 +236,13 @@ int L2Ahead();
 // n8t n32's and n8's warps fed by the copy engine instead of cp.async (perf-log v20), n8f n8's tiles
 // with both GEMMs of a call of at most kDecodeMaxPairs pairs in one persistent kernel (perf-log v21;
 // LaunchFusedDecode), n8c2d n8c2 with 5 stages, 4 CTAs per SM (perf-log v23).
+// clang-format off
 enum class GemmConfigId : int {
-  kN8 = 0,
-  kN32 = 1,
-  kN64 = 2,
-  kWg64 = 3,
-  kWg128 = 4,
-  kWg128d = 5,
-  kWg128d8 = 6,
-  kN8k2 = 7,
-  kN8c2 = 8,
-  kWg32x2d = 9,
-  kN8c4 = 10,
-  kWg128d4x2 = 11,
-  kWg128d3x3 = 12,
-  kWg128h = 13,
-  kN32t = 14,
-  kN8t = 15,
-  kN8f = 16,
+  kN8 = 0, kN32 = 1, kN64 = 2, kWg64 = 3, kWg128 = 4, kWg128d = 5, kWg128d8 = 6, kN8k2 = 7, kN8c2 = 8,
+  kWg32x2d = 9, kN8c4 = 10, kWg128d4x2 = 11, kWg128d3x3 = 12, kWg128h = 13, kN32t = 14, kN8t = 15, kN8f = 16,
   kN8c2d = 17
 };
+// clang-format on
 inline constexpr int kNumGemmConfigs = 18;
 
 struct GemmConfigInfo {

@@ -60,12 +60,14 @@ inline std::vector<uint16_t> ReferenceBf16(const ExpertSet& experts, const MoeIn
 // ReferenceMoe's output from the CPU backend on every core: the same bits (CpuMoe's contract, held
 // to ReferenceMoe and an independent implementation by tests/cpu/test_reference.cpp) in a fraction
 // of the time, for the GPU tests' larger references. The CPU tests keep ReferenceF32.
+inline Status CpuBackendAllCores(const ExpertSet& experts, const MoeInput& in, const MoeOutput& out) {
+  return CpuMoe(experts, in, out);
+}
 inline std::vector<float> CpuBackendF32(const ExpertSet& experts, const MoeInput& in) {
-  return RunF32([](const ExpertSet& e, const MoeInput& i, const MoeOutput& o) { return CpuMoe(e, i, o); }, experts, in);
+  return RunF32(CpuBackendAllCores, experts, in);
 }
 inline std::vector<uint16_t> CpuBackendBf16(const ExpertSet& experts, const MoeInput& in) {
-  return RunBf16([](const ExpertSet& e, const MoeInput& i, const MoeOutput& o) { return CpuMoe(e, i, o); }, experts,
-                 in);
+  return RunBf16(CpuBackendAllCores, experts, in);
 }
 
 // A synthetic expert set; adds a failure if it cannot be made.

@@ -393,8 +393,8 @@ cudaError_t LaunchGemmConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, c
   dim3 grid;
   bool launch = false;
   if (const cudaError_t e = GridOf(grid_ctas, &grid, &launch); e != cudaSuccess || !launch) return e;
-  return LaunchKernel(fc1 ? MoeGemmSm120Kernel<Cfg, true> : MoeGemmSm120Kernel<Cfg, false>,
-                      fc1 ? PdlSite::kFc1 : PdlSite::kFc2, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, p);
+  return LaunchKernel(fc1 ? MoeGemmSm120Kernel<Cfg, true> : MoeGemmSm120Kernel<Cfg, false>, GemmPdlSite(fc1), grid,
+                      dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, p);
 }
 
 template <class Cfg>

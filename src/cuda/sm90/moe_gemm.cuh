@@ -162,23 +162,9 @@ __device__ __forceinline__ void ComputeStep(const uint8_t* smem_a, const uint8_t
   ComputeHalfStep<Cfg, 1, kNT>(frag_a, frag_s, smem_b, lane, acc);
 }
 
-// ComputeStep on the tile's first n_tiles MMA tiles (uniform over the CTA), one instantiation per
-// count, for configs with kAdaptiveWidth; the others run all kNTiles.
-template <class Cfg, int kNT = 1>
-__device__ __forceinline__ void ComputeStepOfWidth(int n_tiles, const uint8_t* smem_a, const uint8_t* smem_s,
-                                                   const uint8_t* smem_b, int warp, int lane,
-                                                   float (&acc)[Cfg::kMFrags][Cfg::kNTiles][4]) {
-  if constexpr (!Cfg::kAdaptiveWidth || kNT >= Cfg::kNTiles) {
-    ComputeStep<Cfg, Cfg::kNTiles>(smem_a, smem_s, smem_b, warp, lane, acc);
-  } else {
-    if (n_tiles <= kNT) ComputeStep<Cfg, kNT>(smem_a, smem_s, smem_b, warp, lane, acc);
-    else ComputeStepOfWidth<Cfg, kNT + 1>(n_tiles, smem_a, smem_s, smem_b, warp, lane, acc);
-  }
-}
-
-// fn(std::integral_constant<int, w>) for w = the tile's 8-token MMA tiles (kAdaptiveWidth; all
-// kNTiles otherwise): the width chosen once per tile, for a main loop of that width
-// (-DMXMOE_HOIST_WIDTH=1), instead of once per step by ComputeStepOfWidth.
+// fn(std::integral_constant<int, w>) for w = the tile's MMA tiles of 8 tokens, n_tiles rounded to an
+// instantiation (uniform over the CTA): one per count for configs with kAdaptiveWidth; the others
+// run all kNTiles.
 template <class Cfg, int kNT = 1, class Fn>
 __device__ __forceinline__ void WithTileWidth(int n_tiles, Fn&& fn) {
   if constexpr (!Cfg::kAdaptiveWidth || kNT >= Cfg::kNTiles) {
@@ -187,6 +173,16 @@ __device__ __forceinline__ void WithTileWidth(int n_tiles, Fn&& fn) {
     if (n_tiles <= kNT) fn(std::integral_constant<int, kNT>{});
     else WithTileWidth<Cfg, kNT + 1>(n_tiles, fn);
   }
+}
+
+// ComputeStep on the tile's first n_tiles MMA tiles, the width chosen at each step (-DMXMOE_HOIST_WIDTH=1
+// chooses it once, for a main loop of that width).
+template <class Cfg>
+__device__ __forceinline__ void ComputeStepOfWidth(int n_tiles, const uint8_t* smem_a, const uint8_t* smem_s,
+                                                   const uint8_t* smem_b, int warp, int lane,
+                                                   float (&acc)[Cfg::kMFrags][Cfg::kNTiles][4]) {
+  WithTileWidth<Cfg>(
+      n_tiles, [&](auto width) { ComputeStep<Cfg, decltype(width)::value>(smem_a, smem_s, smem_b, warp, lane, acc); });
 }
 
 // ---- reduction-block multiplexing, for tiles of one token (kMuxKb) ----------------------------
@@ -634,8 +630,8 @@ cudaError_t LaunchGemmConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, c
   if constexpr (kLooksAhead<Cfg>) {
     if (p.l2_ahead > 0) kernel = fc1 ? MoeGemmKernel<Cfg, true, true> : MoeGemmKernel<Cfg, false, true>;
   }
-  return LaunchKernelInClusters(kernel, fc1 ? PdlSite::kFc1 : PdlSite::kFc2, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes,
-                                stream, Cfg::kClusterK, p);
+  return LaunchKernelInClusters(kernel, GemmPdlSite(fc1), grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream,
+                                Cfg::kClusterK, p);
 }
 
 template <class Cfg>
@@ -662,8 +658,8 @@ cudaError_t LaunchTmaGemmConfig(bool fc1, const GemmParams& p, int64_t grid_ctas
   if (const cudaError_t e = GridOf(grid_ctas, &grid, &launch); e != cudaSuccess || !launch) return e;
   CUtensorMap rows;
   if (const cudaError_t e = MakeTokenMap(p, 8, &rows); e != cudaSuccess) return e;
-  return LaunchKernel(fc1 ? MoeGemmTmaKernel<Cfg, true> : MoeGemmTmaKernel<Cfg, false>,
-                      fc1 ? PdlSite::kFc1 : PdlSite::kFc2, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, p, rows);
+  return LaunchKernel(fc1 ? MoeGemmTmaKernel<Cfg, true> : MoeGemmTmaKernel<Cfg, false>, GemmPdlSite(fc1), grid,
+                      dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, p, rows);
 }
 
 template <class Cfg>

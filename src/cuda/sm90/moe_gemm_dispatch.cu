@@ -53,8 +53,7 @@ GemmConfigInfo GemmInfo(GemmConfigId id) {
     case GemmConfigId::kN32t: return sm90::InfoN32t();
     case GemmConfigId::kN8t: return sm90::InfoN8t();
     case GemmConfigId::kN8f: return sm90::InfoN8f();
-    case GemmConfigId::kN8c2d:
-      return sm90::InfoN8c2d();
+    case GemmConfigId::kN8c2d: return sm90::InfoN8c2d();
   }
   return sm90::InfoN8();
 }
@@ -122,8 +121,7 @@ cudaError_t LaunchGemm(GemmConfigId id, bool fc1, const GemmParams& p, int64_t g
     case GemmConfigId::kN32t: return sm90::LaunchGemmN32t(fc1, p, grid_ctas, stream);
     case GemmConfigId::kN8t: return sm90::LaunchGemmN8t(fc1, p, grid_ctas, stream);
     case GemmConfigId::kN8f: return sm90::LaunchGemmN8f(fc1, p, grid_ctas, stream);
-    case GemmConfigId::kN8c2d:
-      return sm90::LaunchGemmN8c2d(fc1, p, grid_ctas, stream);
+    case GemmConfigId::kN8c2d: return sm90::LaunchGemmN8c2d(fc1, p, grid_ctas, stream);
   }
   return cudaErrorInvalidValue;
 }

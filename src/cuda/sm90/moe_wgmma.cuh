@@ -560,8 +560,8 @@ cudaError_t LaunchWgmmaConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, 
                           stream, p, wide, narrow);
     }
   }
-  return LaunchKernel(fc1 ? MoeWgmmaKernel<Cfg, true> : MoeWgmmaKernel<Cfg, false>, fc1 ? PdlSite::kFc1 : PdlSite::kFc2,
-                      grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, p, wide, narrow);
+  return LaunchKernel(fc1 ? MoeWgmmaKernel<Cfg, true> : MoeWgmmaKernel<Cfg, false>, GemmPdlSite(fc1), grid,
+                      dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, p, wide, narrow);
 }
 
 template <class Cfg>
