@@ -29,17 +29,18 @@
 namespace mxmoe::cuda {
 
 inline constexpr int kDecodeMaxSplit = 8;     // parts of one tile's reduction, at most
-// s * pairs at most: bounds the parts' fp32 sums (an A/B knob: 16 or 32 give fewer, longer parts, s = 1
-// or 2 at Kimi-K3's T = 1; 128 more, shorter ones; perf-log v22, v23).
+// s * pairs at most: bounds the parts' fp32 sums. With kDecodeMinPartSteps = 2, 128 gives Kimi-K3's
+// T = 1 8 parts (7 FC1, 6 FC2 steps each) and T = 4 2 parts, where 64 and 4 (the defaults before v24)
+// gave 4 and 1. n8f with the combine folded in, 128 / 2 against 64 / 4 (perf-log v24, H100): Kimi-K3
+// T = 2 and DeepSeek-V3 T = 2 and 8 3-5% faster, T = 1 and 8 within 1%. An A/B knob (32 or 16 give
+// fewer, longer parts; v22, v23).
 #ifndef MXMOE_DECODE_SPLIT_PAIRS
-#define MXMOE_DECODE_SPLIT_PAIRS 64
+#define MXMOE_DECODE_SPLIT_PAIRS 128
 #endif
 inline constexpr int kDecodeSplitPairs = MXMOE_DECODE_SPLIT_PAIRS;
-// 64-wide steps per part, at least (where s > 1); -DMXMOE_DECODE_MIN_PART_STEPS=2 with
-// -DMXMOE_DECODE_SPLIT_PAIRS=128 gives Kimi-K3's T = 1 8 parts of 7 and 6 steps (an A/B, perf-log
-// v23).
+// 64-wide steps per part, at least (where s > 1).
 #ifndef MXMOE_DECODE_MIN_PART_STEPS
-#define MXMOE_DECODE_MIN_PART_STEPS 4
+#define MXMOE_DECODE_MIN_PART_STEPS 2
 #endif
 inline constexpr int kDecodeMinPartSteps = MXMOE_DECODE_MIN_PART_STEPS;
 static_assert(kDecodeMinPartSteps >= 1, "a part has steps");

@@ -297,8 +297,9 @@ int64_t FusedDecodeLaunches();
 // For the tests: each FC1 unit of the fused decode kernels launched from now on waits this many
 // ns before it raises its flag, so that FC2 units wait on the flags (0: none, the default).
 void SetDecodeFc1Delay(int32_t ns);
-// The combine folded into the fused decode kernel (decode_plan.h; MXMOE_DECODE_COMBINE=1 at start,
-// off by default until measured: perf-log v21), so that no combine kernel follows it.
+// The combine folded into the fused decode kernel (decode_plan.h), so that no combine kernel
+// follows it: on by default since n8f became a default config (perf-log v24); MXMOE_DECODE_COMBINE=0
+// at start turns it off.
 void SetDecodeCombine(bool on);
 bool DecodeCombineEnabled();
 // The persistent FC1 kernel of wg128 (perf-log v7), one CTA per SM: used when on (set at start from

@@ -148,14 +148,17 @@ TEST(DecodePlan, PartsKeepTheirSumsWithinTheWorkspaceBound) {
       EXPECT_EQ(DecodeFc1PartialFloats(p, pairs), s1 > 1 ? int64_t{p.m1} * s1 * pairs * kDecodeBlockRows : 0);
     }
   }
-  // Kimi-K3 at T = 1 (16 pairs): four parts of 14 FC1 / 12 FC2 steps, 1536 + 896 units for 16 tiles;
-  // T = 4 (64 pairs) runs whole tiles; GPT-OSS-120B at T = 1 (4 pairs) eight parts.
-  EXPECT_EQ(DecodeSplitFor(16, 56), 4);
-  EXPECT_EQ(DecodeSplitFor(16, 48), 4);
-  EXPECT_EQ(DecodeUnits(PlanOf(3584, 3072, 4, 4), 16), 1536 + 896);
-  EXPECT_EQ(DecodeSplitFor(64, 56), 1);
+  // Kimi-K3 at T = 1 (16 pairs): eight parts of 7 FC1 / 6 FC2 steps, 3072 + 1792 units for 16
+  // tiles; T = 4 (64 pairs) two parts; T = 16 (256 pairs) whole tiles; GPT-OSS-120B at T = 1 (4
+  // pairs) eight parts.
+  EXPECT_EQ(DecodeSplitFor(16, 56), 8);
+  EXPECT_EQ(DecodeSplitFor(16, 48), 8);
+  EXPECT_EQ(DecodeUnits(PlanOf(3584, 3072, 8, 8), 16), 3072 + 1792);
+  EXPECT_EQ(DecodeSplitFor(64, 56), 2);
+  EXPECT_EQ(DecodeSplitFor(256, 56), 1);
   EXPECT_EQ(DecodeSplitFor(4, 45), 8);
-  EXPECT_EQ(DecodeSplitFor(4, 20), 4);  // at least 4 steps a part
+  EXPECT_EQ(DecodeSplitFor(4, 15), 4);  // at least 2 steps a part
+  EXPECT_EQ(DecodeSplitFor(4, 3), 1);
 }
 
 // The words the kernel counts in and raises flags at (DecodeArrivalWord, DecodeReadyWord,

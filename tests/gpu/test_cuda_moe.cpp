@@ -593,7 +593,8 @@ TEST(CudaMoeSlices, ExpertAndTensorParallelSumToTheFullLayer) {
 // (MXMOE_PAIR_CHUNKS) then route each outer chunk once and run ranges of its sorted pairs that
 // cut through experts' runs. Restores the defaults when it goes.
 struct ChunkSettings {
-  ChunkSettings(size_t workspace_target, bool pair_chunks, int config = -1, bool combine = false)
+  // (combine: n8f's folded combine, on by default as in the library)
+  ChunkSettings(size_t workspace_target, bool pair_chunks, int config = -1, bool combine = true)
       : pairs_before(cuda::PairChunksEnabled()), combine_before(cuda::DecodeCombineEnabled()) {
     cuda::SetWorkspaceTarget(workspace_target);
     cuda::SetPairChunks(pair_chunks);
@@ -619,7 +620,7 @@ TEST(CudaMoeChunks, TokenAndPairChunksMatchReference) {
   // kernel in the same workspace words (also with the combine folded in, each chunk writing its
   // own rows of the output), and whose pair chunks run n8's kernels.
   const auto id = [](cuda::GemmConfigId c) { return static_cast<int>(c); };
-  const std::pair<int, bool> configs[] = {{-1, false},
+  const std::pair<int, bool> configs[] = {{-1, true},
                                           {id(cuda::GemmConfigId::kN32), false},
                                           {id(cuda::GemmConfigId::kWg128d3x3), false},
                                           {id(cuda::GemmConfigId::kN32t), false},
@@ -880,14 +881,15 @@ bool IsGemmKernel(const std::string& name) {
 TEST(CudaMoeGraph, DecodeCallsOverlapOnlyTheEdgesIntoFc1AndTheCombine) {
   MXMOE_REQUIRE_SM90();
   if (std::getenv("MXMOE_PDL") != nullptr) GTEST_SKIP() << "MXMOE_PDL is set: it replaces the default sites";
-  const LayerShape s{64, 1024, 512, 8};
+  const LayerShape s{64, 512, 1024, 8};  // (FC1 8 row blocks: ~502 n8 CTAs at T = 32, past n8c2's 400)
   ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 151);
   auto moe = MakeCudaMoe(set);
   ASSERT_TRUE(moe);
-  // The heuristics' configs with the combine kernel, then n8f with the combine folded in (no
-  // combine kernel: one programmatic edge); the workspace target and chunk mode as by default.
+  // The heuristics' configs as by default (n8f with the combine folded in at T = 32: no combine
+  // kernel, one programmatic edge; the clusters at T = 1 and 8, n8 at 33), then n8f forced with the
+  // combine kernel; the workspace target and chunk mode as by default.
   for (const int config : {-1, static_cast<int>(cuda::GemmConfigId::kN8f)}) {
-    const bool folded = config >= 0;
+    const bool folded = config < 0;
     const ChunkSettings plan(0, cuda::PairChunksEnabled(), config, folded);
     for (int64_t t : {1, 8, 32, 33, 512}) {
       const bool decode = t * s.top_k <= cuda::kDecodeMaxPairs;
@@ -906,6 +908,7 @@ TEST(CudaMoeGraph, DecodeCallsOverlapOnlyTheEdgesIntoFc1AndTheCombine) {
         EXPECT_EQ(chain[i].programmatic_in, want) << "kernel " << i << ": " << chain[i].name;
         if (gemm) first_gemm = false;
       }
+      if (config < 0) EXPECT_EQ(moe->Plan(t) == "n8f+combine", t == 32) << "where the heuristics choose n8f";
       if (decode && folded && moe->Plan(t) == "n8f+combine") {
         EXPECT_EQ(chain.size(), 2u) << "routing and n8f, no combine kernel";
       } else {

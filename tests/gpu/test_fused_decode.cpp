@@ -95,10 +95,11 @@ void ExpectRunsMatch(const CudaMoe& moe, DeviceCase& dc, const std::vector<float
 }
 
 // Small layers against the CPU reference. Parts per GEMM (decode_plan.h, DecodeSplitFor) at T = 1:
-// K = 992 (16 steps) FC1 in 4 parts, I = 320 (5 steps) FC2 whole; K = I = 2112 (33 steps) 8 parts
-// of 5 steps, the last one empty, and FC2 parts that end inside an FC1 row block (its 128
-// intermediates are FC2 steps 2 m and 2 m + 1); K = 256 and I = 160 (4 and 3 steps) whole; the rest
-// whole too. T = 64 at k = 6 is past kDecodeMaxPairs: n8's kernels.
+// K = 992 (16 steps) FC1 in 8 parts of 2, I = 320 (5 steps) FC2 in parts of 3 and 2; K = I = 2112
+// (33 steps) 8 parts of 5 steps, the last one empty; both make FC2 parts that end inside an FC1 row
+// block (its 128 intermediates are FC2 steps 2 m and 2 m + 1); K = 256 (4 steps) 2 parts and I =
+// 160 (3 steps) whole; K = 320 in 2 parts and I = 32 whole; K = I = 96 whole. T = 64 at k = 6 is
+// past kDecodeMaxPairs: n8's kernels.
 TEST(CudaFusedDecode, SmallLayersMatchCpuReference) {
   MXMOE_REQUIRE_SM90();
   struct Case {

@@ -383,7 +383,7 @@ void SetDecodeFc1Delay(int32_t ns) { g_fc1_delay_ns.store(ns > 0 ? ns : 0, std::
 
 namespace {
 EnvSwitch& DecodeCombine() {
-  static EnvSwitch on{"MXMOE_DECODE_COMBINE", false};
+  static EnvSwitch on{"MXMOE_DECODE_COMBINE", true};
   return on;
 }
 }  // namespace
