@@ -32,8 +32,8 @@ inline constexpr int kDecodeMaxSplit = 8;     // parts of one tile's reduction, 
 // s * pairs at most: bounds the parts' fp32 sums. With kDecodeMinPartSteps = 2, 128 gives Kimi-K3's
 // T = 1 8 parts (7 FC1, 6 FC2 steps each) and T = 4 2 parts, where 64 and 4 (the defaults before v24)
 // gave 4 and 1. n8f with the combine folded in, 128 / 2 against 64 / 4 (perf-log v24, H100): Kimi-K3
-// T = 2 and DeepSeek-V3 T = 2 and 8 3-5% faster, T = 1 and 8 within 1%. An A/B knob (32 or 16 give
-// fewer, longer parts; v22, v23).
+// T = 2 and DeepSeek-V3 T = 2 and 8 2-5% faster, Kimi-K3 T = 1 and 8 and DeepSeek-V3 T = 1 within
+// 1.5%. An A/B knob (32 or 16 give fewer, longer parts; v22, v23).
 #ifndef MXMOE_DECODE_SPLIT_PAIRS
 #define MXMOE_DECODE_SPLIT_PAIRS 128
 #endif

@@ -1,4 +1,6 @@
 // See heuristics.h.
+#include "cuda/heuristics.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -7,7 +9,6 @@
 #include <cstring>
 
 #include "cuda/decode_plan.h"
-#include "cuda/heuristics.h"
 #include "cuda/launch_util.cuh"
 
 namespace mxmoe::cuda {
@@ -129,9 +130,9 @@ LaunchChoice ChooseLaunch(const LayerDims& dims, int64_t num_tokens, int64_t max
   // H100, perf-log v24: Kimi-K3 T = 2 221.5 / 224.4, T = 4 421.6 / 404.4, T = 8 739.3 / 738.3, T = 16
   // 1383.9 / 1332.7; GPT-OSS-120B T = 8 165.5 / 163.0, T = 16 293.4 / 258.7, T = 32 433.2 / 410.9;
   // DeepSeek-V3 T = 4 274.0 / 272.4, T = 8 550.2 / 497.0, T = 16 854.1 / 823.3, T = 32 1336.3 /
-  // 1327.9 (GPT-OSS-120B T = 64 not measured). It lost where the clusters run: n8c2's Kimi-K3 and
-  // DeepSeek-V3 T = 1 (by 0.4% and 7.5%) and GPT-OSS-120B T = 2 (5.7%), which keep their configs,
-  // as does DeepSeek-V3 T = 2 for now (n8c2 163.7, n8f 158.7: one row, not a rule).
+  // 1327.9; GPT-OSS-120B T = 64 (a later call) 569.9 / 551.0. It lost where the clusters run: n8c2's
+  // Kimi-K3 and DeepSeek-V3 T = 1 (by 0.4% and 7.5%) and GPT-OSS-120B T = 2 (5.7%), which keep their
+  // configs, as does DeepSeek-V3 T = 2 for now (n8c2 163.7, n8f 158.7: one row, not a rule).
   if (c.gemm == GemmConfigId::kN8 && c.chunk_tokens * dims.top_k <= kDecodeMaxPairs) c.gemm = GemmConfigId::kN8f;
   const int forced = Forced().fc1.load(std::memory_order_relaxed);
   if (forced >= 0 && forced < kNumGemmConfigs) c.gemm = static_cast<GemmConfigId>(forced);

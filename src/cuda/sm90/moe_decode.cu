@@ -35,12 +35,6 @@
 #include "cuda/decode_plan.h"
 #include "cuda/sm90/moe_gemm.cuh"
 
-// -DMXMOE_DECODE_PREFETCH_WAITING=1: FC2 units that find FC1's flags down prefetch their weights
-// into the L2 before they wait (an A/B, off by default; perf-log v23).
-#ifndef MXMOE_DECODE_PREFETCH_WAITING
-#define MXMOE_DECODE_PREFETCH_WAITING 0
-#endif
-
 namespace mxmoe::cuda::sm90 {
 
 namespace {
@@ -94,18 +88,6 @@ __device__ __forceinline__ void RunDecodeUnit(const DecodeParams& d, const GemmP
     if (tid == 0) {
       int32_t lo = 0, hi = 0;
       DecodeFc1BlocksOf(k_first, k_tiles, &lo, &hi);
-#if MXMOE_DECODE_PREFETCH_WAITING
-      // A unit that would wait asks the L2 for its part's weights and scales first (they do not
-      // depend on FC1; h's columns do), so that the wait streams them instead of idling.
-      bool ready = true;
-      for (int32_t m = lo; m < hi; ++m)
-        ready = ready && ptx::LoadRelaxedGpu(d.sync + DecodeReadyWord(d.plan, d.max_tiles, w.tile, m)) >= 1;
-      if (!ready) {
-        StepLoader<Cfg::kBlockN, Cfg::kThreads> ahead;
-        ahead.Init(p, tc, smem_rows, 0, k_first);
-        for (int32_t i = 0; i < k_tiles; ++i) ahead.PrefetchL2(i);
-      }
-#endif
       for (int32_t m = lo; m < hi; ++m)
         WaitForWord<true>(d.sync + DecodeReadyWord(d.plan, d.max_tiles, w.tile, m), 1, w, m);
     }

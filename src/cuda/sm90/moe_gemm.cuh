@@ -41,9 +41,6 @@
 #ifndef MXMOE_LATE_TRIGGER
 #define MXMOE_LATE_TRIGGER 0
 #endif
-#ifndef MXMOE_HOIST_WIDTH
-#define MXMOE_HOIST_WIDTH 0
-#endif
 
 namespace mxmoe::cuda::sm90 {
 
@@ -162,27 +159,19 @@ __device__ __forceinline__ void ComputeStep(const uint8_t* smem_a, const uint8_t
   ComputeHalfStep<Cfg, 1, kNT>(frag_a, frag_s, smem_b, lane, acc);
 }
 
-// fn(std::integral_constant<int, w>) for w = the tile's MMA tiles of 8 tokens, n_tiles rounded to an
-// instantiation (uniform over the CTA): one per count for configs with kAdaptiveWidth; the others
-// run all kNTiles.
-template <class Cfg, int kNT = 1, class Fn>
-__device__ __forceinline__ void WithTileWidth(int n_tiles, Fn&& fn) {
-  if constexpr (!Cfg::kAdaptiveWidth || kNT >= Cfg::kNTiles) {
-    fn(std::integral_constant<int, Cfg::kNTiles>{});
-  } else {
-    if (n_tiles <= kNT) fn(std::integral_constant<int, kNT>{});
-    else WithTileWidth<Cfg, kNT + 1>(n_tiles, fn);
-  }
-}
-
-// ComputeStep on the tile's first n_tiles MMA tiles, the width chosen at each step (-DMXMOE_HOIST_WIDTH=1
-// chooses it once, for a main loop of that width).
-template <class Cfg>
+// ComputeStep on the tile's first n_tiles MMA tiles (uniform over the CTA), one instantiation per
+// count, for configs with kAdaptiveWidth; the others run all kNTiles. (Choosing the width once per
+// tile, for one main loop per width, tied with this per-step choice at T = 256-1024: perf-log v24.)
+template <class Cfg, int kNT = 1>
 __device__ __forceinline__ void ComputeStepOfWidth(int n_tiles, const uint8_t* smem_a, const uint8_t* smem_s,
                                                    const uint8_t* smem_b, int warp, int lane,
                                                    float (&acc)[Cfg::kMFrags][Cfg::kNTiles][4]) {
-  WithTileWidth<Cfg>(
-      n_tiles, [&](auto width) { ComputeStep<Cfg, decltype(width)::value>(smem_a, smem_s, smem_b, warp, lane, acc); });
+  if constexpr (!Cfg::kAdaptiveWidth || kNT >= Cfg::kNTiles) {
+    ComputeStep<Cfg, Cfg::kNTiles>(smem_a, smem_s, smem_b, warp, lane, acc);
+  } else {
+    if (n_tiles <= kNT) ComputeStep<Cfg, kNT>(smem_a, smem_s, smem_b, warp, lane, acc);
+    else ComputeStepOfWidth<Cfg, kNT + 1>(n_tiles, smem_a, smem_s, smem_b, warp, lane, acc);
+  }
 }
 
 // ---- reduction-block multiplexing, for tiles of one token (kMuxKb) ----------------------------
@@ -423,20 +412,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
     }
   }
   if (!muxed) {
-#if MXMOE_HOIST_WIDTH
-    // One main loop per width (n32: 4), the tile's chosen before the loop: in n32's stall samples at
-    // T = 1024 the per-step choice's compares and branches were a share of the ~20% that was not
-    // the decode or the MMAs (perf-log v23).
-    WithTileWidth<Cfg>(n_tiles, [&](auto width) {
-      main_loop([&](const uint8_t* a, const uint8_t* sc, const uint8_t* b, int) {
-        ComputeStep<Cfg, decltype(width)::value>(a, sc, b, row_warp, lane, acc);
-      });
-    });
-#else
     main_loop([&](const uint8_t* a, const uint8_t* sc, const uint8_t* b, int) {
       ComputeStepOfWidth<Cfg>(n_tiles, a, sc, b, row_warp, lane, acc);
     });
-#endif
   }
   clock.MainEnd();
 #if MXMOE_LATE_TRIGGER
@@ -705,8 +683,8 @@ using ConfigN8Cluster2 = GemmConfig<8, 3, 1, false, 1, 2>;
 // (GPT-OSS-120B at T = 1: ~91 FC1 and ~47 FC2 tiles). perf-log v13.2.
 using ConfigN8Cluster4 = GemmConfig<8, 3, 1, false, 1, 4>;
 // n8c2 with 5 stages (48 KB: 4 CTAs per SM instead of 7) for FC2 at T = 1, whose 448 CTAs (Kimi-K3)
-// fill 3-4 slots of an SM: 4 steps in flight per CTA instead of 2, where n8c2's warps waited for
-// their copies in 39% of the stall samples (perf-log v23). Forced only (MXMOE_GEMM_CONFIG=/n8c2d).
+// fill 3-4 slots of an SM: 4 steps in flight per CTA instead of 2 (perf-log v23). Forced only
+// (MXMOE_GEMM_CONFIG=/n8c2d): as FC2 it was 2-10% slower than n8c2 / n8 on 8 of 9 decode rows (v24).
 using ConfigN8Cluster2Deep = GemmConfig<8, 5, 1, false, 1, 2>;
 // n32 and n8 fed by the copy engine (MoeGemmTmaKernel; forced only, not yet measured: perf-log v20).
 // n32t: 5 stages of 13 KB, so that 3 CTAs still share an SM and 3 steps are in flight as in n32.
