@@ -358,15 +358,30 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) MoeGemmSm120Ke
         }
       }
   } else {
-    // Tile j, columns 2t, 2t + 1 = output rows 64 group + 8 j + 2 t, + 1.
+    // Tile j, columns 2t, 2t + 1 = output rows 64 group + 8 j + 2 t, + 1. The thread's pairs are
+    // read together, then their weights, before any store (one read after another's stores, they
+    // waited for 4 kMFrags reads in a row; the SM90 FC2 epilogue does the same, epilogue.cuh).
+    int32_t pairs[Cfg::kMFrags][2];
+    float weights[Cfg::kMFrags][2];
 #pragma unroll
     for (int mf = 0; mf < Cfg::kMFrags; ++mf)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int row = warp_m * Cfg::kWarpM + mf * 16 + g + 8 * half;
-        if (row >= m_valid) continue;
-        const int32_t pair = p.sorted_pairs[seg_begin + row];
-        const float weight = p.topk_weights[pair];
+        pairs[mf][half] = row < m_valid ? p.sorted_pairs[seg_begin + row] : -1;
+      }
+#pragma unroll
+    for (int mf = 0; mf < Cfg::kMFrags; ++mf)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        weights[mf][half] = pairs[mf][half] >= 0 ? p.topk_weights[pairs[mf][half]] : 0.0f;
+#pragma unroll
+    for (int mf = 0; mf < Cfg::kMFrags; ++mf)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int32_t pair = pairs[mf][half];
+        if (pair < 0) continue;  // a row past the tile's valid ones
+        const float weight = weights[mf][half];
         float* dst = p.y + static_cast<int64_t>(pair) * p.y_stride;
 #pragma unroll
         for (int j = 0; j < Cfg::kNFrags; ++j) {

@@ -249,22 +249,34 @@ inline constexpr int kEpilogueBarrier = 1;
 
 // FC2: y[pair, n] = topk_weight * (aq . W2^T) in fp32, one row per (token, slot) for the ordered
 // combine. Inactive warps must not call it.
-template <int kMFrags, int kNTiles, int kWGs>
+// A thread's columns go in batches of kBatchTiles * 2: the batch's pairs are read together, then
+// their weights, then its rows are stored, so a batch waits for two reads from memory. (Read one
+// column at a time, behind the stores of the column before that the compiler may not move them
+// past, the 2 kNTiles columns waited for 4 kNTiles reads in a row: 64 at a 128-wide tile. Read
+// for all columns before any store, they made wg128h's consumers spill when it had 96 registers,
+// v19.)
+template <int kMFrags, int kNTiles, int kWGs, int kBatchTiles = (kNTiles < 8 ? kNTiles : 8)>
 __device__ __forceinline__ void Fc2Epilogue(const GemmParams& p, const float (&acc)[kMFrags][kNTiles][4],
                                             const TileCoords& tc, int warp, int wg, int lane) {
   const int g = lane >> 2, c = lane & 3;
   const float fc2_scale = p.experts[tc.expert].fc2_scale;
-  // Each column's pair and weight are read once, just before its stores: read for all kNTiles
-  // columns first and held, they made wg128h's consumers spill when it had 96 registers (v19).
 #pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt)
+  for (int nt0 = 0; nt0 < kNTiles; nt0 += kBatchTiles) {
+    constexpr int kCols = 2 * kBatchTiles;  // this thread's columns of a batch: (nt, q) as 2 nt + q
+    int32_t pair[kCols];
+    float weight[kCols];
 #pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      const int col = nt * 8 + 2 * c + q;
-      if (col >= tc.n_valid) continue;
-      const int32_t pair = p.sorted_pairs[tc.seg_begin + col];
-      const float weight = p.topk_weights[pair];
-      float* const y_pair = p.y + static_cast<int64_t>(pair) * p.y_stride;
+    for (int j = 0; j < kCols; ++j) {
+      const int col = (nt0 + j / 2) * 8 + 2 * c + j % 2;
+      pair[j] = nt0 + j / 2 < kNTiles && col < tc.n_valid ? p.sorted_pairs[tc.seg_begin + col] : -1;
+    }
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) weight[j] = pair[j] >= 0 ? p.topk_weights[pair[j]] : 0.0f;
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) {
+      const int nt = nt0 + j / 2, q = j % 2;
+      if (nt >= kNTiles || pair[j] < 0) continue;
+      float* const y_pair = p.y + static_cast<int64_t>(pair[j]) * p.y_stride;
 #pragma unroll
       for (int f = 0; f < kMFrags; ++f)
 #pragma unroll
@@ -272,9 +284,10 @@ __device__ __forceinline__ void Fc2Epilogue(const GemmParams& p, const float (&a
           const int64_t row = (tc.group0 + FragRowGroup<kMFrags, kWGs>(warp, wg, f)) * kTileRows + g + 8 * half;
           if (row >= p.a_shape.rows) continue;
           const float y = acc[f][nt][2 * half + q] * fc2_scale;  // exact: a power of two
-          y_pair[row] = weight * y;
+          y_pair[row] = weight[j] * y;
         }
     }
+  }
 }
 
 }  // namespace mxmoe::cuda::sm90
