@@ -155,12 +155,12 @@ __device__ __forceinline__ void RequantizeColumns(const GemmParams& p, const Til
   }
 }
 
-// Step 2 for one activation kind (a compile-time constant: the loop holds only its code); ep is
-// the tile's expert's parameters (Fc1Epilogue).
+// Step 2 for one activation kind (a compile-time constant: the loop holds only its code).
 template <ActivationType kAct, int kBlockN, int kIdx>
-__device__ __forceinline__ void RequantizeStaged(const GemmParams& p, const ExpertParams& ep, const TileCoords& tc,
-                                                 int groups, const float* staged, int warp_id, int warps, int lane) {
+__device__ __forceinline__ void RequantizeStaged(const GemmParams& p, const TileCoords& tc, int groups,
+                                                 const float* staged, int warp_id, int warps, int lane) {
   constexpr int kStride = StagedStride<kIdx>;
+  const ExpertParams ep = p.experts[tc.expert];
   const float* up = staged + kBlockN * kStride;
   const int64_t bias0 = static_cast<int64_t>(tc.expert) * (p.a_shape.rows / 2) + tc.group0 * 8;
   RequantizeColumns<kIdx>(p, tc, groups, warp_id, warps, lane, [&](int col, int idx) {
@@ -225,16 +225,14 @@ __device__ __forceinline__ void QuantizeStagedActs(const GemmParams& p, const Ti
 // FC1: activation of (gate, up) and MXFP8 re-quantization of the intermediate into h[sorted
 // position, i], from the planes StageFc1 wrote (step 2 above). Every warp of the tile calls it,
 // `warps` of them with ids 0 .. warps - 1; groups = the CTA's real row groups (its block's, or its
-// half's). ep = p.experts[tc.expert], which callers read before the barriers that precede this
-// call, so that the read's wait overlaps them (read here, after them, each tile waited for it with
-// nothing else to do).
+// half's).
 template <int kBlockN, int kIdx = kBlockIdx>
-__device__ __forceinline__ void Fc1Epilogue(const GemmParams& p, const ExpertParams& ep, const TileCoords& tc,
-                                            int groups, const float* staged, int warp_id, int warps, int lane) {
+__device__ __forceinline__ void Fc1Epilogue(const GemmParams& p, const TileCoords& tc, int groups,
+                                            const float* staged, int warp_id, int warps, int lane) {
   switch (p.act) {
 #define MXMOE_FC1_CASE(kind) \
   case ActivationType::kind: \
-    return RequantizeStaged<ActivationType::kind, kBlockN, kIdx>(p, ep, tc, groups, staged, warp_id, warps, lane);
+    return RequantizeStaged<ActivationType::kind, kBlockN, kIdx>(p, tc, groups, staged, warp_id, warps, lane);
     MXMOE_FC1_CASE(Situ)
     MXMOE_FC1_CASE(Swiglu)
     MXMOE_FC1_CASE(SwigluBias)

@@ -274,11 +274,10 @@ __device__ __forceinline__ void MmaTileEpilogue(const GemmParams& p, const TileC
                                                 int row_warp, int warp, int lane, uint8_t* smem) {
   if constexpr (kFc1) {
     float* staged = reinterpret_cast<float*>(smem);
-    const ExpertParams ep = p.experts[tc.expert];  // (read before the barriers: Fc1Epilogue)
     __syncthreads();
     if (holds_sums) StageFc1<Cfg::kMFrags, Cfg::kNTiles, 1, Cfg::kBlockN>(acc, row_warp, 0, lane, staged);
     __syncthreads();
-    Fc1Epilogue<Cfg::kBlockN>(p, ep, tc, groups, staged, warp, Cfg::kWarps, lane);
+    Fc1Epilogue<Cfg::kBlockN>(p, tc, groups, staged, warp, Cfg::kWarps, lane);
   } else {
     if (holds_sums) Fc2Epilogue<Cfg::kMFrags, Cfg::kNTiles, 1>(p, acc, tc, row_warp, 0, lane);
   }

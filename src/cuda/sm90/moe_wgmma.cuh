@@ -324,11 +324,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   sm.clock.Start();
   const int wg = role - 1;
   const ConsumerArgs c = ConsumerArgsOf<Cfg>(k_tiles, warp, wg, lane, 0, groups);
-  ExpertParams ep;  // FC1: read at the start of the tail, used after its barriers (Fc1Epilogue)
   const auto tail = [&](const auto& acc) {
     constexpr int kNTiles = kAccTiles<decltype(acc)>;
     if constexpr (kFc1) {
-      ep = p.experts[tc.expert];
       // The stages become the staging planes once both consumers' MMAs are done with them (every
       // load has landed: the consumers waited for all of them).
       ptx::NamedBarrierSync(kEpilogueBarrier, Cfg::kConsumers * 128);
@@ -347,7 +345,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   }
   if constexpr (kFc1) {
     ptx::NamedBarrierSync(kEpilogueBarrier, Cfg::kConsumers * 128);
-    Fc1Epilogue<Cfg::kBlockN, Cfg::kIdx>(p, ep, tc, groups, staged, wg * 4 + warp, Cfg::kConsumers * 4, lane);
+    Fc1Epilogue<Cfg::kBlockN, Cfg::kIdx>(p, tc, groups, staged, wg * 4 + warp, Cfg::kConsumers * 4, lane);
   }
   RecordConsumerPhases<kFc1>(sm.clock, warp == 0 && lane == 0);
 #else
