@@ -360,7 +360,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) MoeGemmSm120Ke
   } else {
     // Tile j, columns 2t, 2t + 1 = output rows 64 group + 8 j + 2 t, + 1. The thread's pairs are
     // read together, then their weights, before any store (one read after another's stores, they
-    // waited for 4 kMFrags reads in a row; the SM90 FC2 epilogue does the same, epilogue.cuh).
+    // waited for 4 kMFrags reads in a row; the SM90 FC2 epilogue reads in batches, epilogue.cuh,
+    // and here one batch holds all 2 kMFrags rows).
     int32_t pairs[Cfg::kMFrags][2];
     float weights[Cfg::kMFrags][2];
 #pragma unroll
