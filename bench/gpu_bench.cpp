@@ -345,7 +345,7 @@ Status RunOnGpu(const SweepOptions& opt, int* failures) {
   const CudaDeviceInfo& d = devices[0];
   MXMOE_RETURN_IF_ERROR(CudaOk(cudaSetDevice(0), "cudaSetDevice"));
   RowWriter writer;
-  MXMOE_RETURN_IF_ERROR(writer.Open(opt.csv));
+  MXMOE_RETURN_IF_ERROR(writer.Open(opt.csv, d.name));
   Dump dump(opt.dump_dir);
   Gpu gpu;
   MXMOE_RETURN_IF_ERROR(gpu.Init());

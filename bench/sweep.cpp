@@ -128,7 +128,8 @@ RowWriter::~RowWriter() {
   if (csv_) std::fclose(csv_);
 }
 
-Status RowWriter::Open(const std::string& csv_path) {
+Status RowWriter::Open(const std::string& csv_path, const std::string& device) {
+  device_ = device;
   if (csv_path.empty()) return Status::Ok();
   csv_ = std::fopen(csv_path.c_str(), "w");
   if (csv_ == nullptr) return Status::Io("--csv " + csv_path + ": " + std::strerror(errno));
@@ -136,7 +137,7 @@ Status RowWriter::Open(const std::string& csv_path) {
   std::fprintf(csv_,
                "layer,routing,tokens,num_experts,hidden,intermediate,top_k,experts_touched,pairs,bytes,flops,"
                "floor_us,bound,us,graph_us,gbps,tflops,pct_read_roofline,pct_bf16_peak,pct_roofline,"
-               "workspace_bytes,check,note,command,config\n");
+               "workspace_bytes,check,note,command,config,device\n");
   std::fflush(csv_);
   return Status::Ok();
 }
@@ -176,7 +177,7 @@ Status RowWriter::Write(const RowResult& r, FILE* out) {
   std::fprintf(out, "    $ %s%s%s\n", r.command.c_str(), r.config.empty() ? "" : "   # ", r.config.c_str());
   std::fflush(out);
   if (csv_ == nullptr) return Status::Ok();
-  std::fprintf(csv_, "%s,%s,%lld,%lld,%lld,%lld,%lld,%.2f,%.2f,%.0f,%.0f,%.3f,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n",
+  std::fprintf(csv_, "%s,%s,%lld,%lld,%lld,%lld,%lld,%.2f,%.2f,%.0f,%.0f,%.3f,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n",
                r.layer->name.c_str(), routing.c_str(), static_cast<long long>(r.tokens),
                static_cast<long long>(s.num_experts), static_cast<long long>(s.hidden),
                static_cast<long long>(s.intermediate), static_cast<long long>(s.top_k), r.cost.experts_touched,
@@ -185,7 +186,8 @@ Status RowWriter::Write(const RowResult& r, FILE* out) {
                Num(gbps, "%.1f").c_str(), Num(tflops, "%.3f").c_str(), Num(pct_read, "%.2f").c_str(),
                Num(pct_bf16, "%.2f").c_str(), Num(pct_roof, "%.2f").c_str(),
                r.workspace_bytes ? std::to_string(r.workspace_bytes).c_str() : "", CheckName(r.check),
-               CsvField(r.note).c_str(), CsvField(r.command).c_str(), CsvField(r.config).c_str());
+               CsvField(r.note).c_str(), CsvField(r.command).c_str(), CsvField(r.config).c_str(),
+               CsvField(device_).c_str());
   if (std::fflush(csv_) != 0) return Status::Io("--csv " + csv_path_ + ": " + std::strerror(errno));
   return Status::Ok();
 }
@@ -342,7 +344,7 @@ void Progress(const char* fmt, ...) {
 Status RunDry(const SweepOptions& opt, int* failures) {
   *failures = 0;
   RowWriter writer;
-  MXMOE_RETURN_IF_ERROR(writer.Open(opt.csv));
+  MXMOE_RETURN_IF_ERROR(writer.Open(opt.csv, kDryRunDevice));
   Dump dump(opt.dump_dir);
   std::printf("dry run: routing statistics, yardsticks and commands only (no GPU, nothing timed)\n");
   writer.Header(stdout);

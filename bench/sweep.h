@@ -19,6 +19,8 @@ namespace mxmoe::bench {
 // dense bf16 matmul 763 TFLOP/s (SM90 has no MX datapath: bf16 is the tensor rate it reaches).
 inline constexpr double kReadBytesPerS = 4.06e12;
 inline constexpr double kBf16FlopsPerS = 763e12;
+// The CSV's device for a dry run (nothing ran on a GPU).
+inline constexpr const char* kDryRunDevice = "none (dry run)";
 // Issue 5: the workspace of a T = 16384, k = 16 call is at most 2.5 GB.
 inline constexpr int64_t kWorkspaceCheckTokens = 16384;
 inline constexpr double kWorkspaceLimitBytes = 2.5e9;
@@ -95,13 +97,17 @@ std::string ReproduceCommand(const BenchLayer& layer, RoutingPattern routing, in
 class RowWriter {
  public:
   ~RowWriter();
-  Status Open(const std::string& csv_path);  // empty: table only
+  // csv_path empty: the table only. device (the GPU's name, or what a dry run ran on) goes into
+  // every CSV row: the yardsticks are the H200's whatever the card, and bench/report.py says when a
+  // run was on another one.
+  Status Open(const std::string& csv_path, const std::string& device);
   void Header(FILE* out) const;
   Status Write(const RowResult& row, FILE* out);
 
  private:
   FILE* csv_ = nullptr;
   std::string csv_path_;
+  std::string device_;
 };
 
 // The files a peer reads (bench/peers/*.py), under `dir`:

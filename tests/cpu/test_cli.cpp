@@ -347,6 +347,7 @@ TEST_F(CliTest, BenchDryRunYardsticksAreSpecSection7s) {
   EXPECT_EQ(t1.at("check"), "not run");
   EXPECT_EQ(t1.at("command"), "mxmoe bench --shapes kimi-k3 --routing uniform --tokens 1");
   EXPECT_EQ(t1.at("config"), "");  // CudaMoe::Plan names it; a dry run creates no CudaMoe
+  EXPECT_EQ(t1.at("device"), "none (dry run)");  // a GPU run names its card (bench/report.py reads it)
   const auto& t32 = rows[1];
   EXPECT_NEAR(std::stod(t32.at("experts_touched")), 390, 25);
   EXPECT_EQ(std::stod(t32.at("pairs")), 32 * 16);
