@@ -74,8 +74,9 @@ def print_table(rows, peers):
         print(line)
 
 
-# The card the targets and the % columns are for (SPEC section 6's ceilings were measured on it).
+# The card the targets and the % columns are for, and its ceilings (SPEC section 6, measured there).
 TARGET_CARD = "H200"
+READ_CEILING, BF16_CEILING = "4.06 TB/s", "763 TFLOP/s"
 
 
 def device_of(rows):
@@ -84,15 +85,13 @@ def device_of(rows):
     return ", ".join(sorted(names)) if names else None
 
 
-def print_device(rows):
-    device = device_of(rows)
+def print_device(device):
     print(f"device: {device or 'not recorded'}; %roof against SPEC section 7's floors, from the {TARGET_CARD}'s "
-          "measured 4.06 TB/s and 763 TFLOP/s whatever the card")
+          f"measured {READ_CEILING} and {BF16_CEILING} whatever the card")
 
 
-def print_targets(rows):
+def print_targets(rows, device):
     by_key = {key(r): r for r in rows if r["check"] == "ok" and number(r["us"])}
-    device = device_of(rows)
     # On another card the rows still compare against the H200's targets, but they do not decide them:
     # the verdicts say so in lower case ("MISSED" and "met" are the H200's own).
     other_card = device is not None and TARGET_CARD not in device
@@ -160,7 +159,7 @@ def plot(rows, peers, path):
         for ax in (top, bottom):
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=7)
-    fig.suptitle("achieved vs roofline (floor = max(bytes / 4.06 TB/s, FLOPs / 763 TFLOP/s), SPEC section 7)")
+    fig.suptitle(f"achieved vs roofline (floor = max(bytes / {READ_CEILING}, FLOPs / {BF16_CEILING}), SPEC section 7)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"wrote {path}")
@@ -179,9 +178,10 @@ def main():
     if not rows:
         sys.exit(f"report.py: --mxmoe {args.mxmoe} has no rows")
     peers = [{key(p): p for p in read_rows(path)} for path in args.peer]
-    print_device(rows)
+    device = device_of(rows)
+    print_device(device)
     print_table(rows, peers)
-    print_targets(rows)
+    print_targets(rows, device)
     if not args.no_plot:
         plot(rows, peers, args.plot)
 

@@ -255,10 +255,10 @@ inline constexpr int kEpilogueBarrier = 1;
 // past, the 2 kNTiles columns waited for 4 kNTiles reads in a row: 64 at a 128-wide tile. Read
 // for all columns before any store, they made wg128h's consumers spill when it had 96 registers,
 // v19; up to 8 tiles, one batch, that is what happens now, and wg128h's FC2 takes 123 of its 128.)
-template <int kMFrags, int kNTiles, int kWGs, int kBatchTiles = (kNTiles < 8 ? kNTiles : 8)>
+template <int kMFrags, int kNTiles, int kWGs>
 __device__ __forceinline__ void Fc2Epilogue(const GemmParams& p, const float (&acc)[kMFrags][kNTiles][4],
                                             const TileCoords& tc, int warp, int wg, int lane) {
-  static_assert(kBatchTiles >= 1, "a batch holds at least one n8 tile");
+  constexpr int kBatchTiles = kNTiles < 8 ? kNTiles : 8;
   const int g = lane >> 2, c = lane & 3;
   const float fc2_scale = p.experts[tc.expert].fc2_scale;
 #pragma unroll
