@@ -530,6 +530,32 @@ cuda::EnvSwitch& StageTimesOn() {
   static cuda::EnvSwitch on{"MXMOE_STAGE_TIMES", false};
   return on;
 }
+// MXMOE_EXACT_GRID=1 (a diagnostic, off by default): the GEMMs' grids are sized by the routing's
+// real tile count, read back to the host after the stream has caught up, instead of by the
+// worst-case bound (pairs / tile + one partial tile per touched expert), whose CTAs past the real
+// count only read the count and exit. It measures what those empty CTAs cost (perf-log v26); the
+// wait for the stream makes it useless as a default. Skipped while the stream is being captured,
+// and for the fused decode kernel, whose words are laid out for the bound.
+cuda::EnvSwitch& ExactGridOn() {
+  static cuda::EnvSwitch on{"MXMOE_EXACT_GRID", false};
+  return on;
+}
+// Lowers *max_tiles to the routing's count in *num_tiles when ExactGridOn and the stream is not
+// being captured; leaves it as it is otherwise.
+Status ExactGridTiles(const int32_t* num_tiles, cudaStream_t stream, int64_t* max_tiles) {
+  if (!ExactGridOn().Get()) return Status::Ok();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  MXMOE_RETURN_IF_ERROR(CudaCheck(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing"));
+  if (capture != cudaStreamCaptureStatusNone) return Status::Ok();
+  int32_t tiles = 0;
+  MXMOE_RETURN_IF_ERROR(
+      CudaCheck(cudaMemcpyAsync(&tiles, num_tiles, sizeof(tiles), cudaMemcpyDeviceToHost, stream), "tile count copy"));
+  MXMOE_RETURN_IF_ERROR(CudaCheck(cudaStreamSynchronize(stream), "tile count wait"));
+  if (tiles < 0 || tiles > *max_tiles)
+    return Status::Internal("routing produced " + Str(tiles) + " tiles, above the bound " + Str(*max_tiles));
+  *max_tiles = tiles;
+  return Status::Ok();
+}
 class StageTimes {
  public:
   static constexpr int kMarks = 4;  // before the routing, after it, after the GEMMs, after the combine
@@ -1082,6 +1108,7 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
                                       "routing offsets kernel"));
     }
     call.topk_weights = in.topk_weights + t0 * top_k;
+    if (!fuse) MXMOE_RETURN_IF_ERROR(ExactGridTiles(num_tiles, stream, &call.max_tiles));
     stage_times.Mark(1);
     MXMOE_RETURN_IF_ERROR(path_->LaunchGemms(gemm, call, stream));
     stage_times.Mark(2);
@@ -1188,6 +1215,7 @@ Status CudaMoeImpl::RunPairChunks(const MoeInput& in, const MoeOutput& out, uint
       call.sorted_pairs = vals_out + p0;
       call.fc2_weights = sorted_weights + p0;
       call.max_tiles = std::min(n, (n + gemm.tile_tokens - 1) / gemm.tile_tokens + std::min(n_local, n));
+      MXMOE_RETURN_IF_ERROR(ExactGridTiles(num_tiles, stream, &call.max_tiles));
       MXMOE_RETURN_IF_ERROR(path_->LaunchGemms(gemm, call, stream));
       cuda::CombineRange range;
       range.pos_begin = p0;
@@ -1366,6 +1394,7 @@ namespace cuda {
 void SetPairChunks(bool on) { PairChunks().Set(on); }
 bool PairChunksEnabled() { return PairChunks().Get(); }
 void SetStageTimes(bool on) { StageTimesOn().Set(on); }
+void SetExactGrid(bool on) { ExactGridOn().Set(on); }
 void SetWorkspaceTarget(size_t bytes) { g_workspace_target.store(bytes); }
 
 }  // namespace cuda

@@ -149,6 +149,10 @@ bool PairChunksEnabled();
 // time of its routing, GEMMs and combine, from CUDA events (it waits for its stream after each
 // chunk). SetStageTimes for the tests.
 void SetStageTimes(bool on);
+// MXMOE_EXACT_GRID=1 at start (off by default; a diagnostic): eager calls size the GEMMs' grids by
+// the routing's tile count, read back after waiting for the stream, instead of by the worst-case
+// bound (perf-log v26). SetExactGrid for the tests.
+void SetExactGrid(bool on);
 // The workspace target of the CudaMoe objects created from now on (0: the default ~2 GiB), which
 // sets both chunkings' sizes; the tests make it small to chunk small calls.
 void SetWorkspaceTarget(size_t bytes);

@@ -142,6 +142,43 @@ TEST(CudaGemmConfigs, ConfigsAgreeOnAKimiShapedLayer) {
   EXPECT_EQ(moe->Plan(4096), "wg128d3x3");
 }
 
+// MXMOE_EXACT_GRID (the diagnostic that launches the GEMMs with the routing's real tile count
+// instead of the worst-case bound) drops only CTAs that would have exited: every config gives the
+// same bits with it as without, on every routing pattern, in token and in pair chunks. A count
+// above the bound would fail the call (ExactGridTiles checks it), so this also holds the bound.
+TEST(CudaGemmConfigs, ExactGridLeavesResultsBitIdentical) {
+  MXMOE_REQUIRE_SM90();
+  struct Scoped {
+    Scoped() { cuda::SetExactGrid(true); }
+    ~Scoped() { cuda::SetExactGrid(false); }
+  };
+  const LayerShape s{8, 256, 160, 4};
+  uint64_t seed = 1950;
+  ExpertSet set = SyntheticSet(s, SpecFor(ActivationType::Situ, s.num_experts), ++seed, {}, false);
+  for (size_t target : {size_t{0}, size_t{256} << 10}) {  // the default, then pair chunks
+    cuda::SetWorkspaceTarget(target);
+    auto moe = MakeCudaMoe(set);
+    cuda::SetWorkspaceTarget(0);
+    ASSERT_TRUE(moe);
+    for (int64_t t : {1, 37, 300}) {
+      for (RoutingPattern pat : {RoutingPattern::kUniform, RoutingPattern::kOneExpert, RoutingPattern::kWithInvalid}) {
+        SyntheticInput in;
+        MakeSyntheticInput(s, t, pat, ++seed, &in);
+        DeviceCase dc(*moe, in);
+        for (int id = -1; id < cuda::kNumGemmConfigs; ++id) {  // (-1: the heuristics)
+          const ForcedConfig forced(id);
+          SCOPED_TRACE(std::string(id < 0 ? "heuristics" : cuda::GemmInfo(static_cast<cuda::GemmConfigId>(id)).name) +
+                       " " + RoutingPatternName(pat) + " T=" + std::to_string(t) +
+                       " target=" + std::to_string(target));
+          const std::vector<float> bound = dc.RunF32();
+          const Scoped exact;
+          EXPECT_TRUE(BitwiseEqual(dc.RunF32(), bound));
+        }
+      }
+    }
+  }
+}
+
 // The L2 look-ahead (GemmParams::l2_ahead) only asks the L2 for bytes the CTA copies later: every
 // config that reads it gives the same bits with it as without, and the plan names it (and only for
 // those configs). K = 992 has 16 steps (the last one partial) and I = 320 has 5, so a look-ahead of
