@@ -168,8 +168,7 @@ TEST(CudaGemmConfigs, ExactGridLeavesResultsBitIdentical) {
         for (int id = -1; id < cuda::kNumGemmConfigs; ++id) {  // (-1: the heuristics)
           const ForcedConfig forced(id);
           SCOPED_TRACE(std::string(id < 0 ? "heuristics" : cuda::GemmInfo(static_cast<cuda::GemmConfigId>(id)).name) +
-                       " " + RoutingPatternName(pat) + " T=" + std::to_string(t) +
-                       " target=" + std::to_string(target));
+                       " " + RoutingPatternName(pat) + " T=" + std::to_string(t) + " target=" + std::to_string(target));
           const std::vector<float> bound = dc.RunF32();
           const Scoped exact;
           EXPECT_TRUE(BitwiseEqual(dc.RunF32(), bound));
