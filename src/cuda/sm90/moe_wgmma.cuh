@@ -315,6 +315,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
         ProduceTile(p, tc, sm, &map_wide, &map_narrow, groups, width, k_tiles, 0, lane);
         RecordProducerPhases<kFc1>(sm.clock, lane == 0);
       }
+#if MXMOE_FC1_EPI_ALL_WARPS
+      if constexpr (kFc1 && Cfg::kCtasPerSm == 1) {
+        // The producer's warpgroup re-quantizes beside the consumers once they have staged the
+        // accumulators and handed over registers (kFc1EpilogueRegs each).
+        ptx::NamedBarrierSync(kEpilogueAllBarrier, Cfg::kThreads);
+        wgmma::RegAlloc<kFc1EpilogueRegs>();
+        Fc1Epilogue<Cfg::kBlockN, Cfg::kIdx>(p, tc, groups, staged, 4 * Cfg::kConsumers + warp,
+                                             4 * Cfg::kConsumers + 4, lane);
+      }
+#endif
       return;
     }
   }
@@ -344,8 +354,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     ConsumeTileOfWidth<Cfg>(width, sm, c, nullptr, tail);
   }
   if constexpr (kFc1) {
-    ptx::NamedBarrierSync(kEpilogueBarrier, Cfg::kConsumers * 128);
-    Fc1Epilogue<Cfg::kBlockN, Cfg::kIdx>(p, tc, groups, staged, wg * 4 + warp, Cfg::kConsumers * 4, lane);
+#if MXMOE_FC1_EPI_ALL_WARPS
+    if constexpr (!Cfg::kInlineProducer && Cfg::kCtasPerSm == 1) {
+      wgmma::RegDealloc<kFc1EpilogueRegs>();  // (the accumulators are staged: registers to spare)
+      ptx::NamedBarrierSync(kEpilogueAllBarrier, Cfg::kThreads);
+      Fc1Epilogue<Cfg::kBlockN, Cfg::kIdx>(p, tc, groups, staged, wg * 4 + warp, Cfg::kConsumers * 4 + 4, lane);
+    } else
+#endif
+    {
+      ptx::NamedBarrierSync(kEpilogueBarrier, Cfg::kConsumers * 128);
+      Fc1Epilogue<Cfg::kBlockN, Cfg::kIdx>(p, tc, groups, staged, wg * 4 + warp, Cfg::kConsumers * 4, lane);
+    }
   }
   RecordConsumerPhases<kFc1>(sm.clock, warp == 0 && lane == 0);
 #else
