@@ -321,8 +321,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
         // accumulators and handed over registers (kFc1EpilogueRegs each).
         ptx::NamedBarrierSync(kEpilogueAllBarrier, Cfg::kThreads);
         wgmma::RegAlloc<kFc1EpilogueRegs>();
-        Fc1Epilogue<Cfg::kBlockN, Cfg::kIdx>(p, tc, groups, staged, 4 * Cfg::kConsumers + warp,
-                                             4 * Cfg::kConsumers + 4, lane);
+        Fc1Epilogue<Cfg::kBlockN, Cfg::kIdx>(p, tc, groups, staged, 4 * Cfg::kConsumers + warp, 4 * Cfg::kConsumers + 4,
+                                             lane);
       }
 #endif
       return;
