@@ -80,40 +80,6 @@ MXMOE_HD float act_tanh_scaled(float x, float beta) {
 // activation's arithmetic costs the FC1 epilogues. The unfused GPU reference is built with it too,
 // so the benchmark's check compares like with like.
 MXMOE_HD float act_situ(float g, float u, float, float) { return g * u; }
-#elif MXMOE_ACT_DEVICE_FORMS && defined(MXMOE_SITU_ONE_RCP)
-// A quotient n / d with d in [1, 8]: the three factors' denominators are multiplied and inverted
-// once.
-struct ActQuotient {
-  float n, d, e;  // (e: the exponential e^(-2|y|) it was formed from)
-};
-// tanh(y) as n / d: the series of act_tanh_scaled below |y| = 1/8 (d = 1), otherwise
-// sign(y) (1 - e) / (1 + e) with e = e^(-2|y|) in (0, 0.78]: no overflow at any y, exact
-// saturation (e flushes to 0 past |y| ~ 44), NaN passed on.
-__device__ __forceinline__ ActQuotient act_tanh_quotient(float y) {
-  const float y2 = y * y;
-  const float series = y * fmaf(y2, fmaf(y2, fmaf(y2, -17.0f / 315.0f, 2.0f / 15.0f), -1.0f / 3.0f), 1.0f);
-  float e;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(fabsf(y) * -2.8853900817779268f));
-  const bool small = fabsf(y) < 0.125f;
-  return {small ? series : copysignf(1.0f - e, y), small ? 1.0f : 1.0f + e, e};
-}
-// Four MUFU operations (three EX2, one RCP) where the three-reciprocal form takes six; sigmoid(g)
-// = (g >= 0 ? 1 : e) / (1 + e) with e = e^-|g| in (0, 1].
-MXMOE_HD float act_situ(float g, float u, float beta, float linear_beta) {
-  const ActQuotient tg = act_tanh_quotient(act_div(g, beta)), tu = act_tanh_quotient(act_div(u, linear_beta));
-  float e;
-#if MXMOE_SITU_ONE_RCP == 2
-  if (beta == 4.0f) {
-    e = tg.e * tg.e;  // e^(-2|g| / 4), squared
-  } else {
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(fabsf(g) * -1.4426950408889634f));
-  }
-#else
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(fabsf(g) * -1.4426950408889634f));
-#endif
-  const float sn = g >= 0.0f ? 1.0f : e;
-  return beta * linear_beta * act_div(tg.n * sn * tu.n, tg.d * (1.0f + e) * tu.d);
-}
 #else
 MXMOE_HD float act_situ(float g, float u, float beta, float linear_beta) {
   return act_tanh_scaled(g, beta) * act_sigmoid(g) * act_tanh_scaled(u, linear_beta);

@@ -246,11 +246,6 @@ __device__ __forceinline__ void Fc1Epilogue(const GemmParams& p, const TileCoord
 
 // The named barrier the FC1 epilogue's warpgroups meet at (0 is __syncthreads').
 inline constexpr int kEpilogueBarrier = 1;
-// With MXMOE_FC1_EPI_ALL_WARPS (an A/B variant, perf-log v26): the barrier at which the producer's
-// warpgroup joins the consumers for FC1's re-quantization, and the registers every thread then has
-// (384 x 152 <= the launch's 384 x 168).
-inline constexpr int kEpilogueAllBarrier = 2;
-inline constexpr int kFc1EpilogueRegs = 152;
 
 // FC2: y[pair, n] = topk_weight * (aq . W2^T) in fp32, one row per (token, slot) for the ordered
 // combine. Inactive warps must not call it.

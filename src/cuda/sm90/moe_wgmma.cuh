@@ -315,16 +315,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
         ProduceTile(p, tc, sm, &map_wide, &map_narrow, groups, width, k_tiles, 0, lane);
         RecordProducerPhases<kFc1>(sm.clock, lane == 0);
       }
-#if MXMOE_FC1_EPI_ALL_WARPS
-      if constexpr (kFc1 && Cfg::kCtasPerSm == 1) {
-        // The producer's warpgroup re-quantizes beside the consumers once they have staged the
-        // accumulators and handed over registers (kFc1EpilogueRegs each).
-        ptx::NamedBarrierSync(kEpilogueAllBarrier, Cfg::kThreads);
-        wgmma::RegAlloc<kFc1EpilogueRegs>();
-        Fc1Epilogue<Cfg::kBlockN, Cfg::kIdx>(p, tc, groups, staged, 4 * Cfg::kConsumers + warp, 4 * Cfg::kConsumers + 4,
-                                             lane);
-      }
-#endif
       return;
     }
   }
@@ -340,8 +330,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
       // The stages become the staging planes once both consumers' MMAs are done with them (every
       // load has landed: the consumers waited for all of them).
       ptx::NamedBarrierSync(kEpilogueBarrier, Cfg::kConsumers * 128);
+      sm.clock.Mark(0);
       if (c.active)
         StageFc1<Cfg::kMFrags, kNTiles, Cfg::kConsumers, Cfg::kBlockN, Cfg::kIdx>(acc, warp, wg, lane, staged);
+      sm.clock.Mark(1);
     } else {
       if (c.active) Fc2Epilogue<Cfg::kMFrags, kNTiles, Cfg::kConsumers>(p, acc, tc, warp, wg, lane);
     }
@@ -354,17 +346,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
     ConsumeTileOfWidth<Cfg>(width, sm, c, nullptr, tail);
   }
   if constexpr (kFc1) {
-#if MXMOE_FC1_EPI_ALL_WARPS
-    if constexpr (!Cfg::kInlineProducer && Cfg::kCtasPerSm == 1) {
-      wgmma::RegDealloc<kFc1EpilogueRegs>();  // (the accumulators are staged: registers to spare)
-      ptx::NamedBarrierSync(kEpilogueAllBarrier, Cfg::kThreads);
-      Fc1Epilogue<Cfg::kBlockN, Cfg::kIdx>(p, tc, groups, staged, wg * 4 + warp, Cfg::kConsumers * 4 + 4, lane);
-    } else
-#endif
-    {
-      ptx::NamedBarrierSync(kEpilogueBarrier, Cfg::kConsumers * 128);
-      Fc1Epilogue<Cfg::kBlockN, Cfg::kIdx>(p, tc, groups, staged, wg * 4 + warp, Cfg::kConsumers * 4, lane);
-    }
+    ptx::NamedBarrierSync(kEpilogueBarrier, Cfg::kConsumers * 128);
+    sm.clock.Mark(2);
+    Fc1Epilogue<Cfg::kBlockN, Cfg::kIdx>(p, tc, groups, staged, wg * 4 + warp, Cfg::kConsumers * 4, lane);
   }
   RecordConsumerPhases<kFc1>(sm.clock, warp == 0 && lane == 0);
 #else

@@ -36,6 +36,10 @@ enum PhaseSlot : int {
   kPhaseProducers,      // producer warps timed
   kPhaseProducerTotal,  // their cycles from start to the last copy issued
   kPhaseProducerWaits,  // waiting for free stages
+  kPhaseEpiMarked,      // consumers whose epilogue set the three marks below (the wgmma FC1)
+  kPhaseEpiBarrier1,    // from the main loop's end to the first barrier's release
+  kPhaseEpiStaging,     // writing the accumulators to the staging planes
+  kPhaseEpiBarrier2,    // the second barrier (every consumer's planes written)
   kNumPhaseSlots
 };
 
@@ -45,9 +49,11 @@ static __device__ unsigned long long g_phase_cycles[2][kNumPhaseSlots];
 // One thread's clock: its start, the end of its main loop and its waits (the first apart).
 struct PhaseClock {
   mutable long long start = 0, main_end = 0, first_wait = 0, waits = 0, mma_waits = 0;
+  mutable long long marks[3] = {0, 0, 0};  // the epilogue's steps (Mark), where a kernel sets them
   mutable int n_waits = 0;
   __device__ void Start() const { start = clock64(); }
   __device__ void MainEnd() const { main_end = clock64(); }
+  __device__ void Mark(int i) const { marks[i] = clock64(); }
   template <class Wait>
   __device__ void Time(const Wait& wait) const {
     const long long t = clock64();
@@ -74,6 +80,12 @@ __device__ __forceinline__ void RecordConsumerPhases(const PhaseClock& c, bool l
   atomicAdd(&t[kPhaseStageWaits], static_cast<unsigned long long>(c.waits));
   atomicAdd(&t[kPhaseMmaWaits], static_cast<unsigned long long>(c.mma_waits));
   atomicAdd(&t[kPhaseEpilogue], static_cast<unsigned long long>(end - c.main_end));
+  if (c.marks[2] != 0) {
+    atomicAdd(&t[kPhaseEpiMarked], 1ull);
+    atomicAdd(&t[kPhaseEpiBarrier1], static_cast<unsigned long long>(c.marks[0] - c.main_end));
+    atomicAdd(&t[kPhaseEpiStaging], static_cast<unsigned long long>(c.marks[1] - c.marks[0]));
+    atomicAdd(&t[kPhaseEpiBarrier2], static_cast<unsigned long long>(c.marks[2] - c.marks[1]));
+  }
 }
 
 template <bool kFc1>
@@ -109,6 +121,15 @@ static void PrintPhaseCycles() {
                  r[kPhaseConsumers], pct * static_cast<double>(r[kPhaseFirstStage]),
                  pct * static_cast<double>(r[kPhaseStageWaits]), pct * static_cast<double>(r[kPhaseMmaWaits]),
                  pct * main, pct * static_cast<double>(r[kPhaseEpilogue]));
+    if (r[kPhaseEpiMarked] == r[kPhaseConsumers]) {
+      const double steps = static_cast<double>(r[kPhaseEpiBarrier1] + r[kPhaseEpiStaging] + r[kPhaseEpiBarrier2]);
+      std::fprintf(stderr,
+                   " (of it: first barrier %.1f%%, staging %.1f%%, second barrier %.1f%%, activation and "
+                   "re-quantization %.1f%%)",
+                   pct * static_cast<double>(r[kPhaseEpiBarrier1]), pct * static_cast<double>(r[kPhaseEpiStaging]),
+                   pct * static_cast<double>(r[kPhaseEpiBarrier2]),
+                   pct * (static_cast<double>(r[kPhaseEpilogue]) - steps));
+    }
     if (r[kPhaseProducers] > 0 && r[kPhaseProducerTotal] > 0)
       std::fprintf(stderr, "; producer %.0f cycles, %.1f%% of them waiting for free stages",
                    static_cast<double>(r[kPhaseProducerTotal]) / static_cast<double>(r[kPhaseProducers]),
@@ -130,6 +151,7 @@ static void RegisterPhaseCycles(const char* format, Args... args) {
 struct PhaseClock {
   __device__ void Start() const {}
   __device__ void MainEnd() const {}
+  __device__ void Mark(int) const {}
   template <class Wait>
   __device__ void Time(const Wait& wait) const {
     wait();
