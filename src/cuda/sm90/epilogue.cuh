@@ -255,6 +255,93 @@ inline constexpr int kEpilogueBarrier = 1;
 // past, the 2 kNTiles columns waited for 4 kNTiles reads in a row: 64 at a 128-wide tile. Read
 // for all columns before any store, they made wg128h's consumers spill when it had 96 registers,
 // v19; up to 8 tiles, one batch, that is what happens now, and wg128h's FC2 takes 123 of its 128.)
+// FC2 through bulk stores (-DMXMOE_FC2_BULK_EPILOGUE=1, an A/B variant of the wgmma kernels with a
+// producer warpgroup; perf-log v26). The plain epilogue above spent 13.5% of wg128d3x3's FC2
+// consumer cycles at T = 4096 (H100) on two reads from global memory per batch and 4-byte stores
+// scattered over a tile's pair rows. Here three idle warps of the producer's warpgroup read the
+// tile's pairs, router weights and fc2_scale into a table at the tile's start; after the MMAs the
+// consumers write y's values into a plane in the stages' shared memory, one column (a pair's 256
+// rows of the block, 1 KB contiguous in y) per 1040 bytes, and one bulk copy per column writes it
+// to y. Same products in the same order as Fc2Epilogue: the same bits.
+#ifndef MXMOE_FC2_BULK_EPILOGUE
+#define MXMOE_FC2_BULK_EPILOGUE 0
+#endif
+template <int kBlockN>
+struct Fc2ColumnTable {
+  int32_t pair[kBlockN];
+  float weight[kBlockN];
+  float fc2_scale;
+};
+template <int kBlockN>
+inline constexpr int kFc2TableBytes = (static_cast<int>(sizeof(Fc2ColumnTable<kBlockN>)) + 15) / 16 * 16;
+// A column of the plane: a block's 256 rows and 4 floats of padding, so that the 4 columns a warp's
+// quads write at once fall on different banks.
+inline constexpr int kFc2PlaneStride = kBlockRowGroups * kTileRows + 4;
+template <int kBlockN>
+inline constexpr int kFc2PlaneBytes = kBlockN * kFc2PlaneStride * 4;
+// The barrier at which the consumers meet the table's warps: the table is written and both
+// consumers' MMAs are done with the stages.
+inline constexpr int kFc2TableBarrier = 2;
+
+// The table, by `warps` warps with ids 0 .. warps - 1.
+template <int kBlockN>
+__device__ __forceinline__ void LoadFc2ColumnTable(const GemmParams& p, const TileCoords& tc,
+                                                   Fc2ColumnTable<kBlockN>* t, int warp_id, int warps, int lane) {
+  for (int col = warp_id * 32 + lane; col < tc.n_valid; col += warps * 32) {
+    const int32_t pair = p.sorted_pairs[tc.seg_begin + col];
+    t->pair[col] = pair;
+    t->weight[col] = pair >= 0 ? p.topk_weights[pair] : 0.0f;
+  }
+  if (warp_id == 0 && lane == 0) t->fc2_scale = p.experts[tc.expert].fc2_scale;
+}
+
+// The consumers' part, by all kWGs * 128 consumer threads (ctid: 0 .. kWGs * 128 - 1) after the
+// table barrier; `plane` / `plane_addr` are the stages' shared memory (generic / shared window).
+template <int kMFrags, int kNTiles, int kWGs, int kBlockN>
+__device__ __forceinline__ void Fc2EpilogueBulk(const GemmParams& p, const float (&acc)[kMFrags][kNTiles][4],
+                                                const TileCoords& tc, const Fc2ColumnTable<kBlockN>& t,
+                                                float* plane, uint32_t plane_addr, bool active, int warp, int wg,
+                                                int lane, int ctid) {
+  const int g = lane >> 2, c = lane & 3;
+  if (active) {
+    const float fc2_scale = t.fc2_scale;
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int col = nt * 8 + 2 * c + q;
+        if (col >= tc.n_valid) continue;
+        const float weight = t.weight[col];
+#pragma unroll
+        for (int f = 0; f < kMFrags; ++f)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int row = FragRowGroup<kMFrags, kWGs>(warp, wg, f) * kTileRows + g + 8 * half;
+            plane[col * kFc2PlaneStride + row] = weight * (acc[f][nt][2 * half + q] * fc2_scale);
+          }
+      }
+  }
+  ptx::FenceProxyAsyncShared();
+  ptx::NamedBarrierSync(kEpilogueBarrier, kWGs * 128);
+  // The block's real rows: 256, or fewer in the last block (a multiple of 32: K is, so the copy's
+  // bytes are a multiple of 16; y's rows are K floats, 16-byte aligned).
+  const int64_t row0 = tc.group0 * kTileRows;
+  const int64_t left = p.a_shape.rows - row0;
+  const uint32_t bytes = static_cast<uint32_t>(left < kBlockRowGroups * kTileRows ? left : kBlockRowGroups * kTileRows) * 4;
+  bool issued = false;
+  for (int col = ctid; col < tc.n_valid; col += kWGs * 128) {
+    const int32_t pair = t.pair[col];
+    if (pair < 0) continue;
+    ptx::BulkStoreS2G(p.y + static_cast<int64_t>(pair) * p.y_stride + row0,
+                      plane_addr + static_cast<uint32_t>(col * kFc2PlaneStride * 4), bytes);
+    issued = true;
+  }
+  if (issued) {
+    ptx::BulkCommit();
+    ptx::BulkWaitRead();  // (the CTA's shared memory must outlive the copies' reads)
+  }
+}
+
 template <int kMFrags, int kNTiles, int kWGs>
 __device__ __forceinline__ void Fc2Epilogue(const GemmParams& p, const float (&acc)[kMFrags][kNTiles][4],
                                             const TileCoords& tc, int warp, int wg, int lane) {
