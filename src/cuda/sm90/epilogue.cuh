@@ -278,7 +278,7 @@ inline constexpr int kFc2TableBytes = (static_cast<int>(sizeof(Fc2ColumnTable<kB
 // quads write at once fall on different banks.
 inline constexpr int kFc2PlaneStride = kBlockRowGroups * kTileRows + 4;
 template <int kBlockN>
-inline constexpr int kFc2PlaneBytes = kBlockN* kFc2PlaneStride * 4;
+inline constexpr int kFc2PlaneBytes = kBlockN * kFc2PlaneStride * 4;
 // The barrier at which the consumers meet the table's warps: the table is written and both
 // consumers' MMAs are done with the stages.
 inline constexpr int kFc2TableBarrier = 2;
@@ -299,9 +299,9 @@ __device__ __forceinline__ void LoadFc2ColumnTable(const GemmParams& p, const Ti
 // table barrier; `plane` / `plane_addr` are the stages' shared memory (generic / shared window).
 template <int kMFrags, int kNTiles, int kWGs, int kBlockN>
 __device__ __forceinline__ void Fc2EpilogueBulk(const GemmParams& p, const float (&acc)[kMFrags][kNTiles][4],
-                                                const TileCoords& tc, const Fc2ColumnTable<kBlockN>& t, float* plane,
-                                                uint32_t plane_addr, bool active, int warp, int wg, int lane,
-                                                int ctid) {
+                                                const TileCoords& tc, const Fc2ColumnTable<kBlockN>& t,
+                                                float* plane, uint32_t plane_addr, bool active, int warp, int wg,
+                                                int lane, int ctid) {
   const int g = lane >> 2, c = lane & 3;
   if (active) {
     const float fc2_scale = t.fc2_scale;
@@ -327,8 +327,7 @@ __device__ __forceinline__ void Fc2EpilogueBulk(const GemmParams& p, const float
   // bytes are a multiple of 16; y's rows are K floats, 16-byte aligned).
   const int64_t row0 = tc.group0 * kTileRows;
   const int64_t left = p.a_shape.rows - row0;
-  const uint32_t bytes =
-      static_cast<uint32_t>(left < kBlockRowGroups * kTileRows ? left : kBlockRowGroups * kTileRows) * 4;
+  const uint32_t bytes = static_cast<uint32_t>(left < kBlockRowGroups * kTileRows ? left : kBlockRowGroups * kTileRows) * 4;
   bool issued = false;
   for (int col = ctid; col < tc.n_valid; col += kWGs * 128) {
     const int32_t pair = t.pair[col];

@@ -294,8 +294,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   float* staged = reinterpret_cast<float*>(smem_raw + (sm.base - ptx::SmemAddr(smem_raw)));
   // FC2 through bulk stores (MXMOE_FC2_BULK_EPILOGUE): the column table after the mbarriers.
   constexpr bool kBulkFc2 = MXMOE_FC2_BULK_EPILOGUE && !kFc1 && !Cfg::kInlineProducer;
-  auto* const table = reinterpret_cast<Fc2ColumnTable<Cfg::kBlockN>*>(reinterpret_cast<uint8_t*>(staged) +
-                                                                      Cfg::kStages * Cfg::kSmemStage + Cfg::kSmemBars);
+  auto* const table = reinterpret_cast<Fc2ColumnTable<Cfg::kBlockN>*>(
+      reinterpret_cast<uint8_t*>(staged) + Cfg::kStages * Cfg::kSmemStage + Cfg::kSmemBars);
 
   // role 0: the producer's warpgroup (none with kInlineProducer); 1 + wg: consumer wg.
   const int tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 3;
