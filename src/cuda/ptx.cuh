@@ -93,32 +93,6 @@ __device__ __forceinline__ void PrefetchBulkL2(const void* gmem, uint32_t bytes)
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gmem), "r"(bytes) : "memory");
 #endif
 }
-// Shared-to-global bulk copies (PTX ISA, cp.async.bulk; sm_90 and later): one copy of `bytes` (a
-// multiple of 16, both addresses 16-byte aligned) in this thread's bulk group; the commit; and the
-// wait until the thread's committed copies have read their sources (the shared memory may then be
-// reused or the CTA end). The copies read what the CTA wrote only after a FenceProxyAsyncShared in
-// each writing thread and a barrier.
-__device__ __forceinline__ void BulkStoreS2G(void* gmem, uint32_t smem_addr, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(gmem), "r"(smem_addr), "r"(bytes)
-               : "memory");
-#endif
-}
-__device__ __forceinline__ void BulkCommit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void BulkWaitRead() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void FenceProxyAsyncShared() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
 // A word of global memory read with acquire / written with release semantics at GPU scope (PTX
 // ISA, memory consistency model): the flags one CTA raises after its stores for CTAs on other SMs.
 __device__ __forceinline__ int32_t LoadAcquireGpu(const int32_t* p) {
@@ -181,11 +155,6 @@ __device__ __forceinline__ uint32_t LdShared32(uint32_t smem_addr) {
 // Id 0 is __syncthreads' barrier.
 __device__ __forceinline__ void NamedBarrierSync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-// An arrival at named barrier `id` of `threads` threads that does not wait (bar.arrive): for warps
-// that hand something to the others and have nothing to wait for.
-__device__ __forceinline__ void NamedBarrierArrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Wait until at most kPending committed groups are still in flight.

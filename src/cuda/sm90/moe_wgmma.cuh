@@ -98,9 +98,7 @@ struct WgmmaConfig {
   static constexpr int kSmemStage = (kStepsPerStage * (kSubB + kSubA + kSubScales) + 1023) / 1024 * 1024;
   static constexpr int kSmemBars = 2 * kStages * 8;
   // Dynamic shared memory is only 16-byte aligned: 1 KB of slack to align the stages.
-  // (With MXMOE_FC2_BULK_EPILOGUE, FC2's column table after the mbarriers.)
-  static constexpr int kSmemBytes =
-      1024 + kStages * kSmemStage + kSmemBars + (MXMOE_FC2_BULK_EPILOGUE ? kFc2TableBytes<kBlockN_> : 0);
+  static constexpr int kSmemBytes = 1024 + kStages * kSmemStage + kSmemBars;
   // NOTE: setmaxnreg moves registers between the warpgroups of the CTA, which got kLaunchRegs per
   // thread at launch: what ptxas allows under the launch bounds, each of the SM's 4 sub-partitions
   // (16 K registers) holding its share of the resident warps, rounded up, in steps of 8 (it gave 168
@@ -120,8 +118,6 @@ struct WgmmaConfig {
   static_assert(kSmemBytes <= 227 * 1024, "SM90 shared memory per block");
   static_assert(kRowGroups == kBlockRowGroups || kRowGroups == kBlockRowGroups / 2, "whole or half blocks");
   static_assert(kFc1StagedBytes<kBlockN, kIdx> <= kStages * kSmemStage, "FC1's epilogue reuses the stages");
-  static_assert(kInlineProducer || kFc2PlaneBytes<kBlockN> <= kStages * kSmemStage,
-                "MXMOE_FC2_BULK_EPILOGUE's plane reuses the stages");
   static_assert(kInlineProducer || 128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= kLaunchRegs * kThreads,
                 "setmaxnreg");
   // A consumer thread holds its accumulators (kBlockN / 2 per m64 MMA), the kASets A register sets
@@ -292,10 +288,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
   extern __shared__ uint8_t smem_raw[];
   const StageMap<Cfg> sm{(ptx::SmemAddr(smem_raw) + 1023u) & ~1023u};
   float* staged = reinterpret_cast<float*>(smem_raw + (sm.base - ptx::SmemAddr(smem_raw)));
-  // FC2 through bulk stores (MXMOE_FC2_BULK_EPILOGUE): the column table after the mbarriers.
-  constexpr bool kBulkFc2 = MXMOE_FC2_BULK_EPILOGUE && !kFc1 && !Cfg::kInlineProducer;
-  auto* const table = reinterpret_cast<Fc2ColumnTable<Cfg::kBlockN>*>(
-      reinterpret_cast<uint8_t*>(staged) + Cfg::kStages * Cfg::kSmemStage + Cfg::kSmemBars);
 
   // role 0: the producer's warpgroup (none with kInlineProducer); 1 + wg: consumer wg.
   const int tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 3;
@@ -322,10 +314,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
         sm.clock.Start();
         ProduceTile(p, tc, sm, &map_wide, &map_narrow, groups, width, k_tiles, 0, lane);
         RecordProducerPhases<kFc1>(sm.clock, lane == 0);
-      } else if constexpr (kBulkFc2) {
-        LoadFc2ColumnTable<Cfg::kBlockN>(p, tc, table, warp - 1, 3, lane);
-        __threadfence_block();
-        ptx::NamedBarrierArrive(kFc2TableBarrier, Cfg::kConsumers * 128 + 96);
       }
       return;
     }
@@ -346,10 +334,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm)
       if (c.active)
         StageFc1<Cfg::kMFrags, kNTiles, Cfg::kConsumers, Cfg::kBlockN, Cfg::kIdx>(acc, warp, wg, lane, staged);
       sm.clock.Mark(1);
-    } else if constexpr (kBulkFc2) {
-      ptx::NamedBarrierSync(kFc2TableBarrier, Cfg::kConsumers * 128 + 96);
-      Fc2EpilogueBulk<Cfg::kMFrags, kNTiles, Cfg::kConsumers, Cfg::kBlockN>(p, acc, tc, *table, staged, sm.base,
-                                                                            c.active, warp, wg, lane, tid - 128);
     } else {
       if (c.active) Fc2Epilogue<Cfg::kMFrags, kNTiles, Cfg::kConsumers>(p, acc, tc, warp, wg, lane);
     }
