@@ -530,6 +530,13 @@ cuda::EnvSwitch& StageTimesOn() {
   static cuda::EnvSwitch on{"MXMOE_STAGE_TIMES", false};
   return on;
 }
+// Whether `stream` is being captured into a CUDA graph (where nothing may wait for the stream).
+Status StreamCapturing(cudaStream_t stream, bool* capturing) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  MXMOE_RETURN_IF_ERROR(CudaCheck(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing"));
+  *capturing = capture != cudaStreamCaptureStatusNone;
+  return Status::Ok();
+}
 // MXMOE_EXACT_GRID=1 (a diagnostic, off by default): the GEMMs' grids are sized by the routing's
 // real tile count, read back to the host after the stream has caught up, instead of by the
 // worst-case bound (pairs / tile + one partial tile per touched expert), whose CTAs past the real
@@ -544,15 +551,15 @@ cuda::EnvSwitch& ExactGridOn() {
 // being captured; leaves it as it is otherwise.
 Status ExactGridTiles(const int32_t* num_tiles, cudaStream_t stream, int64_t* max_tiles) {
   if (!ExactGridOn().Get()) return Status::Ok();
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  MXMOE_RETURN_IF_ERROR(CudaCheck(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing"));
-  if (capture != cudaStreamCaptureStatusNone) return Status::Ok();
+  bool capturing = false;
+  MXMOE_RETURN_IF_ERROR(StreamCapturing(stream, &capturing));
+  if (capturing) return Status::Ok();
   int32_t tiles = 0;
   MXMOE_RETURN_IF_ERROR(
       CudaCheck(cudaMemcpyAsync(&tiles, num_tiles, sizeof(tiles), cudaMemcpyDeviceToHost, stream), "tile count copy"));
   MXMOE_RETURN_IF_ERROR(CudaCheck(cudaStreamSynchronize(stream), "tile count wait"));
   if (tiles < 0 || tiles > *max_tiles)
-    return Status::Internal("routing produced " + Str(tiles) + " tiles, above the bound " + Str(*max_tiles));
+    return Status::Internal("routing produced " + Str(tiles) + " tiles, outside [0, " + Str(*max_tiles) + "]");
   *max_tiles = tiles;
   return Status::Ok();
 }
@@ -561,8 +568,8 @@ class StageTimes {
   static constexpr int kMarks = 4;  // before the routing, after it, after the GEMMs, after the combine
   explicit StageTimes(cudaStream_t stream) : stream_(stream) {
     if (!StageTimesOn().Get()) return;
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) return;
+    bool capturing = true;
+    if (!StreamCapturing(stream, &capturing).ok() || capturing) return;
     for (cudaEvent_t& e : events_)
       if (cudaEventCreate(&e) != cudaSuccess) return;
     on_ = true;
@@ -972,9 +979,9 @@ class CudaMoeImpl::DebugScope {
       : moe_(moe), stream_(stream), what_(what) {}
   Status Begin() {
     if (!moe_.debug_check_) return Status::Ok();
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    MXMOE_RETURN_IF_ERROR(CudaCheck(cudaStreamIsCapturing(stream_, &capture), "cudaStreamIsCapturing"));
-    if (capture != cudaStreamCaptureStatusNone) return Status::Ok();  // no synchronization in a capture
+    bool capturing = false;
+    MXMOE_RETURN_IF_ERROR(StreamCapturing(stream_, &capturing));
+    if (capturing) return Status::Ok();  // no synchronization in a capture
     active_ = true;
     return Read(&before_, " before the call");
   }
