@@ -167,6 +167,35 @@ __device__ __forceinline__ void IssueStep(const uint4 (&frag_a)[kMFrags], const 
   clock.TimeMmaWait([] { wgmma::Wait<kASets - 1>(); });
 }
 
+#if MXMOE_DEQUANT_PAIRS
+// Steps kStep and kStep + 1 (kStep even) dequantized together, then both MMA groups issued: twice
+// the independent instructions per dequantization, at most 2 groups in flight while it runs (build
+// option for an A/B; needs kASets == 4). After the wait, only this pair's groups are in flight, so
+// the next pair's register sets are free.
+template <int kMFrags, int kNTiles, int kStep, int kASets>
+__device__ __forceinline__ void IssueStepPair(const uint4 (&frag_a)[kMFrags], const uint32_t (&frag_s)[kMFrags],
+                                              uint32_t (&areg)[kASets][kMFrags][4], uint64_t desc_b,
+                                              float (&acc)[kMFrags][kNTiles][4], const PhaseClock& clock) {
+  static_assert(kStep % 2 == 0, "pairs of steps");
+  if constexpr (kASets != 4) {  // (one group in flight: step by step)
+    IssueStep<kMFrags, kNTiles, kStep, kASets>(frag_a, frag_s, areg, desc_b, acc, clock);
+    IssueStep<kMFrags, kNTiles, kStep + 1, kASets>(frag_a, frag_s, areg, desc_b, acc, clock);
+  } else {
+    DequantStep<kMFrags, kStep>(frag_a, frag_s, areg[kStep]);
+    DequantStep<kMFrags, kStep + 1>(frag_a, frag_s, areg[kStep + 1]);
+    wgmma::Fence();
+#pragma unroll
+    for (int f = 0; f < kMFrags; ++f) wgmma::WgmmaBf16Rs(acc[f], areg[kStep][f], wgmma::AdvanceDesc(desc_b, kStep * 32));
+    wgmma::Commit();
+#pragma unroll
+    for (int f = 0; f < kMFrags; ++f)
+      wgmma::WgmmaBf16Rs(acc[f], areg[kStep + 1][f], wgmma::AdvanceDesc(desc_b, (kStep + 1) * 32));
+    wgmma::Commit();
+    clock.TimeMmaWait([] { wgmma::Wait<2>(); });
+  }
+}
+#endif
+
 // What a consumer thread needs besides its tile width (ConsumerArgsOf).
 struct ConsumerArgs {
   int k_tiles, warp, wg, lane;
@@ -206,6 +235,28 @@ __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const Consu
   if constexpr (Cfg::kInlineProducer) {
     if (issues_copies) copies->IssueFirst(slots, 0);
   }
+  // The A fragments and scale words of 64-wide step j of stage s (zeros for padding warps).
+  const auto load_step = [&](int s, int j, uint4 (&frag_a)[kMFrags], uint32_t (&frag_s)[kMFrags]) {
+#pragma unroll
+    for (int f = 0; f < kMFrags; ++f) {
+      const int group = FragRowGroup<kMFrags, Cfg::kConsumers>(c.warp, c.wg, f);
+      frag_a[f] =
+          c.active ? ptx::LdShared128(sm.A(s) + j * a_step + group * kTileBytes + c.lane * 16) : make_uint4(0, 0, 0, 0);
+      frag_s[f] = c.active ? ptx::LdShared32(sm.Scales(s) + j * s_step + group * kTileScaleBytes + g * 4) : 0u;
+    }
+  };
+#if MXMOE_FRAG_PREFETCH
+  // Each step's fragments are read one step ahead, so that its first dequantization does not wait
+  // for the shared-memory loads (build option for an A/B).
+  uint4 frag_a[kMFrags];
+  uint32_t frag_s[kMFrags];
+#if MXMOE_FRAG_PREFETCH == 1
+  if (slots > 0) {
+    sm.WaitLoaded(c.slot0);
+    load_step(c.slot0 % Cfg::kStages, 0, frag_a, frag_s);
+  }
+#endif
+#endif
   for (int i = 0; i < slots; ++i) {
     const int slot = c.slot0 + i;
     const int s = slot % Cfg::kStages;
@@ -213,28 +264,60 @@ __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const Consu
     if constexpr (Cfg::kInlineProducer) {
       if (issues_copies) copies->template Refill<2>(i, slots, 0);
     }
+#if MXMOE_FRAG_PREFETCH != 1
     sm.WaitLoaded(slot);
+#endif
+#if MXMOE_FRAG_PREFETCH == 2
+    load_step(s, 0, frag_a, frag_s);
+#endif
+#if MXMOE_FRAG_PREFETCH_UNROLL
+#pragma unroll
+    for (int j = 0; j < Cfg::kStepsPerStage; ++j) {
+      if (j >= steps) break;
+#else
 #pragma unroll 1
     for (int j = 0; j < steps; ++j) {
+#endif
+#if !MXMOE_FRAG_PREFETCH
       uint4 frag_a[kMFrags];
       uint32_t frag_s[kMFrags];
-#pragma unroll
-      for (int f = 0; f < kMFrags; ++f) {
-        const int group = FragRowGroup<kMFrags, Cfg::kConsumers>(c.warp, c.wg, f);
-        frag_a[f] = c.active ? ptx::LdShared128(sm.A(s) + j * a_step + group * kTileBytes + c.lane * 16)
-                             : make_uint4(0, 0, 0, 0);
-        frag_s[f] = c.active ? ptx::LdShared32(sm.Scales(s) + j * s_step + group * kTileScaleBytes + g * 4) : 0u;
-      }
+      load_step(s, j, frag_a, frag_s);
+#endif
       // NOTE: B rows are 128 bytes and 8-row atoms 1024 bytes apart (the stride-dimension offset).
       const uint64_t desc_b = wgmma::SmemDescK128(sm.B(s, j), 1024);
 #pragma unroll
       for (int f = 0; f < kMFrags; ++f) wgmma::FenceOperand(acc[f]);
+#if MXMOE_DEQUANT_PAIRS
+      IssueStepPair<kMFrags, kNTiles, 0, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc, sm.clock);
+#else
       IssueStep<kMFrags, kNTiles, 0, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc, sm.clock);
       IssueStep<kMFrags, kNTiles, 1, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc, sm.clock);
+#endif
+#if MXMOE_FRAG_PREFETCH
+      uint4 next_a[kMFrags];
+      uint32_t next_s[kMFrags];
+      if (j + 1 < steps) {
+        load_step(s, j + 1, next_a, next_s);
+      }
+#if MXMOE_FRAG_PREFETCH == 1
+      else if (i + 1 < slots) {
+        sm.WaitLoaded(slot + 1);
+        load_step((slot + 1) % Cfg::kStages, 0, next_a, next_s);
+      }
+#endif
+#endif
+#if MXMOE_DEQUANT_PAIRS
+      IssueStepPair<kMFrags, kNTiles, 2, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc, sm.clock);
+#else
       IssueStep<kMFrags, kNTiles, 2, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc, sm.clock);
       IssueStep<kMFrags, kNTiles, 3, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc, sm.clock);
+#endif
       // Every MMA of the slot before has completed: its stage is free.
       if (j == 0 && i > 0 && c.lane == 0) wgmma::MbarArrive(sm.Empty((slot - 1) % Cfg::kStages));
+#if MXMOE_FRAG_PREFETCH
+#pragma unroll
+      for (int f = 0; f < kMFrags; ++f) frag_a[f] = next_a[f], frag_s[f] = next_s[f];
+#endif
     }
   }
   wgmma::Wait<0>();
