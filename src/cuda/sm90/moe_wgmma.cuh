@@ -245,18 +245,6 @@ __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const Consu
       frag_s[f] = c.active ? ptx::LdShared32(sm.Scales(s) + j * s_step + group * kTileScaleBytes + g * 4) : 0u;
     }
   };
-#if MXMOE_FRAG_PREFETCH
-  // Each step's fragments are read one step ahead, so that its first dequantization does not wait
-  // for the shared-memory loads (build option for an A/B).
-  uint4 frag_a[kMFrags];
-  uint32_t frag_s[kMFrags];
-#if MXMOE_FRAG_PREFETCH == 1
-  if (slots > 0) {
-    sm.WaitLoaded(c.slot0);
-    load_step(c.slot0 % Cfg::kStages, 0, frag_a, frag_s);
-  }
-#endif
-#endif
   for (int i = 0; i < slots; ++i) {
     const int slot = c.slot0 + i;
     const int s = slot % Cfg::kStages;
@@ -264,13 +252,17 @@ __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const Consu
     if constexpr (Cfg::kInlineProducer) {
       if (issues_copies) copies->template Refill<2>(i, slots, 0);
     }
-#if MXMOE_FRAG_PREFETCH != 1
     sm.WaitLoaded(slot);
-#endif
-#if MXMOE_FRAG_PREFETCH == 2
+#if MXMOE_FRAG_PREFETCH
+    uint4 frag_a[kMFrags];
+    uint32_t frag_s[kMFrags];
     load_step(s, 0, frag_a, frag_s);
 #endif
-#if MXMOE_FRAG_PREFETCH_UNROLL
+    // Build options for an A/B (perf-log v27): MXMOE_STEP_UNROLL unrolls the stage's steps;
+    // MXMOE_FRAG_PREFETCH (unrolled too: as a loop-carried copy, and across stages after a wait
+    // for the next stage, ptxas serialized the wgmma, C7513) reads the next step's fragments
+    // halfway through this one.
+#if MXMOE_STEP_UNROLL || MXMOE_FRAG_PREFETCH
 #pragma unroll
     for (int j = 0; j < Cfg::kStepsPerStage; ++j) {
       if (j >= steps) break;
@@ -296,15 +288,7 @@ __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const Consu
 #if MXMOE_FRAG_PREFETCH
       uint4 next_a[kMFrags];
       uint32_t next_s[kMFrags];
-      if (j + 1 < steps) {
-        load_step(s, j + 1, next_a, next_s);
-      }
-#if MXMOE_FRAG_PREFETCH == 1
-      else if (i + 1 < slots) {
-        sm.WaitLoaded(slot + 1);
-        load_step((slot + 1) % Cfg::kStages, 0, next_a, next_s);
-      }
-#endif
+      if (j + 1 < steps) load_step(s, j + 1, next_a, next_s);
 #endif
 #if MXMOE_DEQUANT_PAIRS
       IssueStepPair<kMFrags, kNTiles, 2, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc, sm.clock);
@@ -315,8 +299,10 @@ __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const Consu
       // Every MMA of the slot before has completed: its stage is free.
       if (j == 0 && i > 0 && c.lane == 0) wgmma::MbarArrive(sm.Empty((slot - 1) % Cfg::kStages));
 #if MXMOE_FRAG_PREFETCH
+      if (j + 1 < steps) {
 #pragma unroll
-      for (int f = 0; f < kMFrags; ++f) frag_a[f] = next_a[f], frag_s[f] = next_s[f];
+        for (int f = 0; f < kMFrags; ++f) frag_a[f] = next_a[f], frag_s[f] = next_s[f];
+      }
 #endif
     }
   }
