@@ -52,6 +52,11 @@
 #include "cuda/sm90/wgmma.cuh"
 #include "cuda/weight_layout.h"
 
+// MMAs up to this wide dequantize two k16 steps before issuing them (IssueStepPair); 0: none.
+#ifndef MXMOE_DEQUANT_PAIRS_WIDTH
+#define MXMOE_DEQUANT_PAIRS_WIDTH 0
+#endif
+
 namespace mxmoe::cuda::sm90 {
 
 // ---- config -----------------------------------------------------------------------------------
@@ -167,11 +172,11 @@ __device__ __forceinline__ void IssueStep(const uint4 (&frag_a)[kMFrags], const 
   clock.TimeMmaWait([] { wgmma::Wait<kASets - 1>(); });
 }
 
-#if MXMOE_DEQUANT_PAIRS
 // Steps kStep and kStep + 1 (kStep even) dequantized together, then both MMA groups issued: twice
-// the independent instructions per dequantization, at most 2 groups in flight while it runs (build
-// option for an A/B; needs kASets == 4). After the wait, only this pair's groups are in flight, so
-// the next pair's register sets are free.
+// the independent instructions per dequantization, at most 2 groups in flight while it runs (with
+// four register sets; with two, step by step as IssueStep). After the wait, only this pair's groups
+// are in flight, so the next pair's register sets are free. Used for MMAs up to
+// MXMOE_DEQUANT_PAIRS_WIDTH wide (perf-log v27).
 template <int kMFrags, int kNTiles, int kStep, int kASets>
 __device__ __forceinline__ void IssueStepPair(const uint4 (&frag_a)[kMFrags], const uint32_t (&frag_s)[kMFrags],
                                               uint32_t (&areg)[kASets][kMFrags][4], uint64_t desc_b,
@@ -194,7 +199,6 @@ __device__ __forceinline__ void IssueStepPair(const uint4 (&frag_a)[kMFrags], co
     clock.TimeMmaWait([] { wgmma::Wait<2>(); });
   }
 }
-#endif
 
 // What a consumer thread needs besides its tile width (ConsumerArgsOf).
 struct ConsumerArgs {
@@ -224,6 +228,7 @@ template <class Cfg, int kN, class Tail>
 __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const ConsumerArgs& c,
                                             const TileCopies<Cfg>* copies, const Tail& tail) {
   constexpr int kMFrags = Cfg::kMFrags, kNTiles = kN / 8;
+  constexpr bool kPairs = kN <= MXMOE_DEQUANT_PAIRS_WIDTH;
   float acc[kMFrags][kNTiles][4];
   ZeroAccumulators(acc);
   uint32_t areg[Cfg::kASets][kMFrags][4];
@@ -279,23 +284,23 @@ __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const Consu
       const uint64_t desc_b = wgmma::SmemDescK128(sm.B(s, j), 1024);
 #pragma unroll
       for (int f = 0; f < kMFrags; ++f) wgmma::FenceOperand(acc[f]);
-#if MXMOE_DEQUANT_PAIRS
-      IssueStepPair<kMFrags, kNTiles, 0, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc, sm.clock);
-#else
-      IssueStep<kMFrags, kNTiles, 0, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc, sm.clock);
-      IssueStep<kMFrags, kNTiles, 1, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc, sm.clock);
-#endif
+      if constexpr (kPairs) {
+        IssueStepPair<kMFrags, kNTiles, 0, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc, sm.clock);
+      } else {
+        IssueStep<kMFrags, kNTiles, 0, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc, sm.clock);
+        IssueStep<kMFrags, kNTiles, 1, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc, sm.clock);
+      }
 #if MXMOE_FRAG_PREFETCH
       uint4 next_a[kMFrags];
       uint32_t next_s[kMFrags];
       if (j + 1 < steps) load_step(s, j + 1, next_a, next_s);
 #endif
-#if MXMOE_DEQUANT_PAIRS
-      IssueStepPair<kMFrags, kNTiles, 2, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc, sm.clock);
-#else
-      IssueStep<kMFrags, kNTiles, 2, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc, sm.clock);
-      IssueStep<kMFrags, kNTiles, 3, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc, sm.clock);
-#endif
+      if constexpr (kPairs) {
+        IssueStepPair<kMFrags, kNTiles, 2, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc, sm.clock);
+      } else {
+        IssueStep<kMFrags, kNTiles, 2, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc, sm.clock);
+        IssueStep<kMFrags, kNTiles, 3, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc, sm.clock);
+      }
       // Every MMA of the slot before has completed: its stage is free.
       if (j == 0 && i > 0 && c.lane == 0) wgmma::MbarArrive(sm.Empty((slot - 1) % Cfg::kStages));
 #if MXMOE_FRAG_PREFETCH
