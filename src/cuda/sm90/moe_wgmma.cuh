@@ -258,57 +258,26 @@ __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const Consu
       if (issues_copies) copies->template Refill<2>(i, slots, 0);
     }
     sm.WaitLoaded(slot);
-#if MXMOE_FRAG_PREFETCH
-    uint4 frag_a[kMFrags];
-    uint32_t frag_s[kMFrags];
-    load_step(s, 0, frag_a, frag_s);
-#endif
-    // Build options for an A/B (perf-log v27): MXMOE_STEP_UNROLL unrolls the stage's steps;
-    // MXMOE_FRAG_PREFETCH (unrolled too: as a loop-carried copy, and across stages after a wait
-    // for the next stage, ptxas serialized the wgmma, C7513) reads the next step's fragments
-    // halfway through this one.
-#if MXMOE_STEP_UNROLL || MXMOE_FRAG_PREFETCH
-#pragma unroll
-    for (int j = 0; j < Cfg::kStepsPerStage; ++j) {
-      if (j >= steps) break;
-#else
 #pragma unroll 1
     for (int j = 0; j < steps; ++j) {
-#endif
-#if !MXMOE_FRAG_PREFETCH
       uint4 frag_a[kMFrags];
       uint32_t frag_s[kMFrags];
       load_step(s, j, frag_a, frag_s);
-#endif
       // NOTE: B rows are 128 bytes and 8-row atoms 1024 bytes apart (the stride-dimension offset).
       const uint64_t desc_b = wgmma::SmemDescK128(sm.B(s, j), 1024);
 #pragma unroll
       for (int f = 0; f < kMFrags; ++f) wgmma::FenceOperand(acc[f]);
       if constexpr (kPairs) {
         IssueStepPair<kMFrags, kNTiles, 0, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc, sm.clock);
+        IssueStepPair<kMFrags, kNTiles, 2, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc, sm.clock);
       } else {
         IssueStep<kMFrags, kNTiles, 0, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc, sm.clock);
         IssueStep<kMFrags, kNTiles, 1, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc, sm.clock);
-      }
-#if MXMOE_FRAG_PREFETCH
-      uint4 next_a[kMFrags];
-      uint32_t next_s[kMFrags];
-      if (j + 1 < steps) load_step(s, j + 1, next_a, next_s);
-#endif
-      if constexpr (kPairs) {
-        IssueStepPair<kMFrags, kNTiles, 2, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc, sm.clock);
-      } else {
         IssueStep<kMFrags, kNTiles, 2, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc, sm.clock);
         IssueStep<kMFrags, kNTiles, 3, Cfg::kASets>(frag_a, frag_s, areg, desc_b, acc, sm.clock);
       }
       // Every MMA of the slot before has completed: its stage is free.
       if (j == 0 && i > 0 && c.lane == 0) wgmma::MbarArrive(sm.Empty((slot - 1) % Cfg::kStages));
-#if MXMOE_FRAG_PREFETCH
-      if (j + 1 < steps) {
-#pragma unroll
-        for (int f = 0; f < kMFrags; ++f) frag_a[f] = next_a[f], frag_s[f] = next_s[f];
-      }
-#endif
     }
   }
   wgmma::Wait<0>();
