@@ -190,7 +190,8 @@ __device__ __forceinline__ void IssueStepPair(const uint4 (&frag_a)[kMFrags], co
     DequantStep<kMFrags, kStep + 1>(frag_a, frag_s, areg[kStep + 1]);
     wgmma::Fence();
 #pragma unroll
-    for (int f = 0; f < kMFrags; ++f) wgmma::WgmmaBf16Rs(acc[f], areg[kStep][f], wgmma::AdvanceDesc(desc_b, kStep * 32));
+    for (int f = 0; f < kMFrags; ++f)
+      wgmma::WgmmaBf16Rs(acc[f], areg[kStep][f], wgmma::AdvanceDesc(desc_b, kStep * 32));
     wgmma::Commit();
 #pragma unroll
     for (int f = 0; f < kMFrags; ++f)
@@ -240,16 +241,6 @@ __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const Consu
   if constexpr (Cfg::kInlineProducer) {
     if (issues_copies) copies->IssueFirst(slots, 0);
   }
-  // The A fragments and scale words of 64-wide step j of stage s (zeros for padding warps).
-  const auto load_step = [&](int s, int j, uint4 (&frag_a)[kMFrags], uint32_t (&frag_s)[kMFrags]) {
-#pragma unroll
-    for (int f = 0; f < kMFrags; ++f) {
-      const int group = FragRowGroup<kMFrags, Cfg::kConsumers>(c.warp, c.wg, f);
-      frag_a[f] =
-          c.active ? ptx::LdShared128(sm.A(s) + j * a_step + group * kTileBytes + c.lane * 16) : make_uint4(0, 0, 0, 0);
-      frag_s[f] = c.active ? ptx::LdShared32(sm.Scales(s) + j * s_step + group * kTileScaleBytes + g * 4) : 0u;
-    }
-  };
   for (int i = 0; i < slots; ++i) {
     const int slot = c.slot0 + i;
     const int s = slot % Cfg::kStages;
@@ -262,7 +253,13 @@ __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const Consu
     for (int j = 0; j < steps; ++j) {
       uint4 frag_a[kMFrags];
       uint32_t frag_s[kMFrags];
-      load_step(s, j, frag_a, frag_s);
+#pragma unroll
+      for (int f = 0; f < kMFrags; ++f) {
+        const int group = FragRowGroup<kMFrags, Cfg::kConsumers>(c.warp, c.wg, f);
+        frag_a[f] = c.active ? ptx::LdShared128(sm.A(s) + j * a_step + group * kTileBytes + c.lane * 16)
+                             : make_uint4(0, 0, 0, 0);
+        frag_s[f] = c.active ? ptx::LdShared32(sm.Scales(s) + j * s_step + group * kTileScaleBytes + g * 4) : 0u;
+      }
       // NOTE: B rows are 128 bytes and 8-row atoms 1024 bytes apart (the stride-dimension offset).
       const uint64_t desc_b = wgmma::SmemDescK128(sm.B(s, j), 1024);
 #pragma unroll
