@@ -155,6 +155,15 @@ __device__ __forceinline__ void DequantStep(const uint4 (&frag_a)[kMFrags], cons
   }
 }
 
+// The warpgroup's MMAs of k16 step kStep on dequantized register set `a`, committed as one group.
+template <int kMFrags, int kNTiles, int kStep>
+__device__ __forceinline__ void IssueMmaGroup(const uint32_t (&a)[kMFrags][4], uint64_t desc_b,
+                                              float (&acc)[kMFrags][kNTiles][4]) {
+#pragma unroll
+  for (int f = 0; f < kMFrags; ++f) wgmma::WgmmaBf16Rs(acc[f], a[f], wgmma::AdvanceDesc(desc_b, kStep * 32));
+  wgmma::Commit();
+}
+
 // Dequantize k16 step kStep into register set kStep % kASets, then issue the warpgroup's MMAs on it.
 template <int kMFrags, int kNTiles, int kStep, int kASets>
 __device__ __forceinline__ void IssueStep(const uint4 (&frag_a)[kMFrags], const uint32_t (&frag_s)[kMFrags],
@@ -162,43 +171,29 @@ __device__ __forceinline__ void IssueStep(const uint4 (&frag_a)[kMFrags], const 
                                           float (&acc)[kMFrags][kNTiles][4], const PhaseClock& clock) {
   DequantStep<kMFrags, kStep>(frag_a, frag_s, areg[kStep % kASets]);
   wgmma::Fence();
-#pragma unroll
-  for (int f = 0; f < kMFrags; ++f)
-    wgmma::WgmmaBf16Rs(acc[f], areg[kStep % kASets][f], wgmma::AdvanceDesc(desc_b, kStep * 32));
-  wgmma::Commit();
+  IssueMmaGroup<kMFrags, kNTiles, kStep>(areg[kStep % kASets], desc_b, acc);
   // At most kASets - 1 groups stay in flight: the register set the next step writes (that of the
   // group kASets - 1 before it) is free again, and at the end of a step (4 groups, kASets <= 4)
   // every MMA of the step before has finished reading its stage.
   clock.TimeMmaWait([] { wgmma::Wait<kASets - 1>(); });
 }
 
-// Steps kStep and kStep + 1 (kStep even) dequantized together, then both MMA groups issued: twice
-// the independent instructions per dequantization, at most 2 groups in flight while it runs (with
-// four register sets; with two, step by step as IssueStep). After the wait, only this pair's groups
+// Steps kStep and kStep + 1 (kStep even) dequantized together into register sets kStep and
+// kStep + 1 of four, then both MMA groups issued: twice the independent instructions per
+// dequantization, at most 2 groups in flight while it runs. After the wait only this pair's groups
 // are in flight, so the next pair's register sets are free. Used for MMAs up to
 // MXMOE_DEQUANT_PAIRS_WIDTH wide (perf-log v27).
 template <int kMFrags, int kNTiles, int kStep, int kASets>
 __device__ __forceinline__ void IssueStepPair(const uint4 (&frag_a)[kMFrags], const uint32_t (&frag_s)[kMFrags],
                                               uint32_t (&areg)[kASets][kMFrags][4], uint64_t desc_b,
                                               float (&acc)[kMFrags][kNTiles][4], const PhaseClock& clock) {
-  static_assert(kStep % 2 == 0, "pairs of steps");
-  if constexpr (kASets != 4) {  // (one group in flight: step by step)
-    IssueStep<kMFrags, kNTiles, kStep, kASets>(frag_a, frag_s, areg, desc_b, acc, clock);
-    IssueStep<kMFrags, kNTiles, kStep + 1, kASets>(frag_a, frag_s, areg, desc_b, acc, clock);
-  } else {
-    DequantStep<kMFrags, kStep>(frag_a, frag_s, areg[kStep]);
-    DequantStep<kMFrags, kStep + 1>(frag_a, frag_s, areg[kStep + 1]);
-    wgmma::Fence();
-#pragma unroll
-    for (int f = 0; f < kMFrags; ++f)
-      wgmma::WgmmaBf16Rs(acc[f], areg[kStep][f], wgmma::AdvanceDesc(desc_b, kStep * 32));
-    wgmma::Commit();
-#pragma unroll
-    for (int f = 0; f < kMFrags; ++f)
-      wgmma::WgmmaBf16Rs(acc[f], areg[kStep + 1][f], wgmma::AdvanceDesc(desc_b, (kStep + 1) * 32));
-    wgmma::Commit();
-    clock.TimeMmaWait([] { wgmma::Wait<2>(); });
-  }
+  static_assert(kStep % 2 == 0 && kASets == 4, "pairs of steps in four register sets");
+  DequantStep<kMFrags, kStep>(frag_a, frag_s, areg[kStep]);
+  DequantStep<kMFrags, kStep + 1>(frag_a, frag_s, areg[kStep + 1]);
+  wgmma::Fence();
+  IssueMmaGroup<kMFrags, kNTiles, kStep>(areg[kStep], desc_b, acc);
+  IssueMmaGroup<kMFrags, kNTiles, kStep + 1>(areg[kStep + 1], desc_b, acc);
+  clock.TimeMmaWait([] { wgmma::Wait<2>(); });
 }
 
 // What a consumer thread needs besides its tile width (ConsumerArgsOf).
@@ -229,7 +224,8 @@ template <class Cfg, int kN, class Tail>
 __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const ConsumerArgs& c,
                                             const TileCopies<Cfg>* copies, const Tail& tail) {
   constexpr int kMFrags = Cfg::kMFrags, kNTiles = kN / 8;
-  constexpr bool kPairs = kN <= MXMOE_DEQUANT_PAIRS_WIDTH;
+  // (Pairs need four register sets: with one group in flight, kASets == 2, step by step.)
+  constexpr bool kPairs = kN <= MXMOE_DEQUANT_PAIRS_WIDTH && Cfg::kASets == 4;
   float acc[kMFrags][kNTiles][4];
   ZeroAccumulators(acc);
   uint32_t areg[Cfg::kASets][kMFrags][4];
