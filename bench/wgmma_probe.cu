@@ -29,7 +29,7 @@ namespace wg = mxmoe::cuda::wgmma;
 namespace ptx = mxmoe::cuda::ptx;
 
 using Cfg = sm90::ConfigWg128Deep3x3;  // the heuristics' config from 32 pairs per expert
-constexpr int kThreads = 128 * Cfg::kConsumers;
+constexpr int kRows = 256;             // a CTA's weight rows: one prepacked block
 constexpr int kSteps = 56;                // Kimi-K3 FC1's reduction: 3584 / 64
 constexpr int kFlopPerSmCycle = 4096;     // dense bf16, H100 / H200 SXM
 enum Mode : int { kMma = 0, kStep = 1, kPair = 2 };
@@ -41,10 +41,13 @@ struct ProbeArgs {
   float* sink;          // written only if the accumulators' sum is a NaN (keeps them live)
 };
 
-template <int kN, int kMode>
-__global__ void __launch_bounds__(kThreads, 1) ProbeKernel(const ProbeArgs args) {
+// kWGs consumer warpgroups share the block's 256 rows: kMFrags = 4 / kWGs m64 MMAs each per k16
+// step (2: wg128d3x3's split; 4: one MMA each, twice the warps dequantizing).
+template <int kN, int kMode, int kWGs>
+__global__ void __launch_bounds__(128 * kWGs, 1) ProbeKernel(const ProbeArgs args) {
 #if MXMOE_WGMMA_AVAILABLE
-  constexpr int kMFrags = Cfg::kMFrags, kNTiles = kN / 8, kASets = Cfg::kASets;
+  constexpr int kThreads = 128 * kWGs;
+  constexpr int kMFrags = 4 / kWGs, kNTiles = kN / 8, kASets = Cfg::kASets;
   // B: 128 token rows of 64 bf16 (the 128-byte swizzle's atoms need 1024-byte alignment); A: one
   // step of a 256-row block's prepacked tiles and their scales.
   __shared__ __align__(1024) uint8_t smem_b[128 * 128];
@@ -68,7 +71,7 @@ __global__ void __launch_bounds__(kThreads, 1) ProbeKernel(const ProbeArgs args)
   auto load_frags = [&] {
 #pragma unroll
     for (int f = 0; f < kMFrags; ++f) {
-      const int group = sm90::FragRowGroup<kMFrags, Cfg::kConsumers>(warp, wgi, f);
+      const int group = sm90::FragRowGroup<kMFrags, kWGs>(warp, wgi, f);
       frag_a[f] = ptx::LdShared128(a_base + group * mxmoe::cuda::kTileBytes + lane * 16);
       frag_s[f] = ptx::LdShared32(s_base + group * mxmoe::cuda::kTileScaleBytes + g * 4);
     }
@@ -143,14 +146,17 @@ T Median(std::vector<T> v) {
 struct Row {
   int width;
   int mode;
+  int wgs;
   void (*kernel)(ProbeArgs);
 };
 
 template <int kN>
 void AddWidth(std::vector<Row>& rows) {
-  rows.push_back({kN, kMma, ProbeKernel<kN, kMma>});
-  rows.push_back({kN, kStep, ProbeKernel<kN, kStep>});
-  rows.push_back({kN, kPair, ProbeKernel<kN, kPair>});
+  rows.push_back({kN, kMma, 2, ProbeKernel<kN, kMma, 2>});
+  rows.push_back({kN, kStep, 2, ProbeKernel<kN, kStep, 2>});
+  rows.push_back({kN, kPair, 2, ProbeKernel<kN, kPair, 2>});
+  rows.push_back({kN, kStep, 4, ProbeKernel<kN, kStep, 4>});
+  rows.push_back({kN, kPair, 4, ProbeKernel<kN, kPair, 4>});
 }
 
 }  // namespace
@@ -190,16 +196,17 @@ int main(int argc, char** argv) {
   AddWidth<112>(rows);
   AddWidth<128>(rows);
 
-  std::printf("command: mxmoe_wgmma_probe --reps %d --tiles %d (%s, %d SMs; %d CTAs of %d threads, %d steps a tile)\n",
-              reps, tiles, prop.name, sms, sms, kThreads, kSteps);
-  std::printf("%6s %5s %10s %9s %12s %12s %7s\n", "width", "mode", "us", "TFLOP/s", "clk/k16", "ideal clk", "%pipe");
+  std::printf("command: mxmoe_wgmma_probe --reps %d --tiles %d (%s, %d SMs; %d CTAs, %d steps a tile)\n", reps, tiles,
+              prop.name, sms, sms, kSteps);
+  std::printf("%6s %5s %4s %10s %9s %12s %12s %7s\n", "width", "mode", "wgs", "us", "TFLOP/s", "clk/k16", "ideal clk",
+              "%pipe");
   for (const Row& row : rows) {
     std::vector<float> us;
     std::vector<long long> per_cta(sms);
     std::vector<double> clk;
     for (int r = -2; r < reps; ++r) {
       Check(cudaEventRecord(e0), "record");
-      row.kernel<<<sms, kThreads>>>(ProbeArgs{tiles, cycles, sink});
+      row.kernel<<<sms, 128 * row.wgs>>>(ProbeArgs{tiles, cycles, sink});
       Check(cudaEventRecord(e1), "record");
       Check(cudaEventSynchronize(e1), "probe kernel");
       float ms = 0;
@@ -210,12 +217,12 @@ int main(int argc, char** argv) {
       clk.push_back(static_cast<double>(Median(per_cta)) / (static_cast<double>(tiles) * kSteps * 4));
     }
     const double t = Median(us);
-    const double flop = 2.0 * 256 * row.width * 64 * kSteps * static_cast<double>(tiles) * sms;
+    const double flop = 2.0 * kRows * row.width * 64 * kSteps * static_cast<double>(tiles) * sms;
     const double per_k16 = Median(clk);
-    // Per k16 step: two consumers x kMFrags m64 MMAs of 64 x width x 16.
-    const double ideal = 2.0 * Cfg::kConsumers * Cfg::kMFrags * 64 * row.width * 16 / kFlopPerSmCycle;
-    std::printf("%6d %5s %10.1f %9.1f %12.1f %12.1f %6.1f%%\n", row.width, kModeNames[row.mode], t, flop / t / 1e6,
-                per_k16, ideal, 100.0 * ideal / per_k16);
+    // Per k16 step: the block's 4 m64 MMAs of 64 x width x 16.
+    const double ideal = 2.0 * kRows * row.width * 16 / kFlopPerSmCycle;
+    std::printf("%6d %5s %4d %10.1f %9.1f %12.1f %12.1f %6.1f%%\n", row.width, kModeNames[row.mode], row.wgs, t,
+                flop / t / 1e6, per_k16, ideal, 100.0 * ideal / per_k16);
   }
   return 0;
 }
