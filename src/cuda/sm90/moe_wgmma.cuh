@@ -73,22 +73,25 @@ namespace mxmoe::cuda::sm90 {
 // kRowGroups: the CTA's row groups, a whole block (kBlockRowGroups, 256 rows) or half of one (wg128h:
 // 128 rows, one m64 MMA per consumer, so that two CTAs share an SM and one's epilogue overlaps the
 // other's main loop).
+// kConsumers: consumer warpgroups, 2, or 4 for whole blocks (one m64 MMA each per k16 step: twice
+// the warps dequantizing, each half as much; wg128q).
 template <int kBlockN_, int kStages_, int kInFlight_ = 1, int kCtasPerSm_ = 1, int kStepsPerStage_ = 1,
-          int kRowGroups_ = kBlockRowGroups>
+          int kRowGroups_ = kBlockRowGroups, int kConsumers_ = 2>
 struct WgmmaConfig {
   static constexpr int kCtasPerSm = kCtasPerSm_;
   static constexpr int kStepsPerStage = kStepsPerStage_;
   static constexpr int kRowGroups = kRowGroups_;
   static constexpr int kSplit = kBlockRowGroups / kRowGroups;  // CTAs per row block
   static constexpr int kIdx = kRowGroups * 8;                    // FC1: the CTA's intermediates
-  static constexpr int kConsumers = 2;  // consumer warpgroups
+  static constexpr int kConsumers = kConsumers_;
   // The producer: a warpgroup of its own (one warp busy) whose registers setmaxnreg hands to the
-  // consumers; or, for half blocks, none: consumer thread 0 issues the copies between its MMAs
-  // (ConsumeTile), and no setmaxnreg. ptxas compiles a kernel within its launch bound: two CTAs of 384
-  // threads per SM allow 80 registers, and ptxas refused the m64n128 MMA with its operands in them;
-  // with a producer warp (288 threads) it got 96 and serialized every wgmma (C7512: each HGMMA
-  // followed by a wait for none in flight); 256 threads get 128.
-  static constexpr bool kInlineProducer = kRowGroups < kBlockRowGroups;
+  // consumers; or, for half blocks and four consumers, none: consumer thread 0 issues the copies
+  // between its MMAs (ConsumeTile), and no setmaxnreg. ptxas compiles a kernel within its launch
+  // bound: two CTAs of 384 threads per SM allow 80 registers, and ptxas refused the m64n128 MMA with
+  // its operands in them; with a producer warp (288 threads) it got 96 and serialized every wgmma
+  // (C7512: each HGMMA followed by a wait for none in flight); 256 threads get 128, and so do four
+  // consumers' 512.
+  static constexpr bool kInlineProducer = kRowGroups < kBlockRowGroups || kConsumers == 4;
   static constexpr int kThreads = 128 * kConsumers + (kInlineProducer ? 0 : 128);
   static constexpr int kMFrags = kRowGroups / 4 / kConsumers;  // m64 MMAs per consumer and k16 step
   static constexpr int kBlockM = kRowGroups * kTileRows;
@@ -124,6 +127,8 @@ struct WgmmaConfig {
   static_assert(kASets == 2 || kASets == 4, "A register sets: a divisor of the 4 k16 steps of a stage");
   static_assert(kSmemBytes <= 227 * 1024, "SM90 shared memory per block");
   static_assert(kRowGroups == kBlockRowGroups || kRowGroups == kBlockRowGroups / 2, "whole or half blocks");
+  static_assert(kConsumers == 2 || (kConsumers == 4 && kRowGroups == kBlockRowGroups),
+                "two consumer warpgroups, or four over a whole block");
   static_assert(kFc1StagedBytes<kBlockN, kIdx> <= kStages * kSmemStage, "FC1's epilogue reuses the stages");
   static_assert(kInlineProducer || 128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= kLaunchRegs * kThreads,
                 "setmaxnreg");
@@ -656,5 +661,12 @@ using ConfigWg128Deep3x3 = WgmmaConfig<128, 3, 3, 1, 3>;
 #define MXMOE_WG128H_IN_FLIGHT 3
 #endif
 using ConfigWg128Half = WgmmaConfig<128, MXMOE_WG128H_STAGES, MXMOE_WG128H_IN_FLIGHT, 2, 1, kBlockRowGroups / 2>;
+// A whole block's 256 rows over four consumer warpgroups of one m64 MMA each per k16 step, and no
+// producer threads (512 threads of 128 registers; consumer thread 0 issues the copies), 8 stages of
+// one step (200 KB). mxmoe_wgmma_probe measured wg128d3x3's consumers (two warpgroups of two MMAs)
+// on one fixed stage at 85% of the tensor pipe's rate at 80-wide MMAs and 75% at 64 (H100): the
+// dequantization's dependent instructions, with two consumer warps per scheduler, are what the MMAs
+// wait for. Four warps per scheduler, each with half of them. Forced only (MXMOE_GEMM_CONFIG=wg128q).
+using ConfigWg128Quad = WgmmaConfig<128, 8, 3, 1, 1, kBlockRowGroups, 4>;
 
 }  // namespace mxmoe::cuda::sm90
