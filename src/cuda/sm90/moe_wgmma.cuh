@@ -662,11 +662,18 @@ using ConfigWg128Deep3x3 = WgmmaConfig<128, 3, 3, 1, 3>;
 #endif
 using ConfigWg128Half = WgmmaConfig<128, MXMOE_WG128H_STAGES, MXMOE_WG128H_IN_FLIGHT, 2, 1, kBlockRowGroups / 2>;
 // A whole block's 256 rows over four consumer warpgroups of one m64 MMA each per k16 step, and no
-// producer threads (512 threads of 128 registers; consumer thread 0 issues the copies), 8 stages of
-// one step (200 KB). mxmoe_wgmma_probe measured wg128d3x3's consumers (two warpgroups of two MMAs)
+// producer threads (512 threads of 128 registers; consumer thread 0 issues the copies), by default
+// 8 stages of one step (200 KB). mxmoe_wgmma_probe measured wg128d3x3's consumers (two warpgroups of two MMAs)
 // on one fixed stage at 85% of the tensor pipe's rate at 80-wide MMAs and 75% at 64 (H100): the
 // dequantization's dependent instructions, with two consumer warps per scheduler, are what the MMAs
 // wait for. Four warps per scheduler, each with half of them. Forced only (MXMOE_GEMM_CONFIG=wg128q).
-using ConfigWg128Quad = WgmmaConfig<128, 8, 3, 1, 1, kBlockRowGroups, 4>;
+// Its stages and steps per stage are build options for the first device A/Bs.
+#ifndef MXMOE_WG128Q_STAGES
+#define MXMOE_WG128Q_STAGES 8
+#endif
+#ifndef MXMOE_WG128Q_STEPS
+#define MXMOE_WG128Q_STEPS 1
+#endif
+using ConfigWg128Quad = WgmmaConfig<128, MXMOE_WG128Q_STAGES, 3, 1, MXMOE_WG128Q_STEPS, kBlockRowGroups, 4>;
 
 }  // namespace mxmoe::cuda::sm90
