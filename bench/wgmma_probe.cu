@@ -1,5 +1,6 @@
 // mxmoe_wgmma_probe: how fast the wgmma consumers' main loop can run on this GPU with its copies
-// taken out. Each CTA is wg128d3x3's two consumer warpgroups (moe_wgmma.cuh) on one fixed stage
+// taken out. Each CTA is wg128d3x3's two consumer warpgroups (moe_wgmma.cuh), or four of one MMA
+// each (wg128q's split; column "wgs"), on one fixed stage
 // already in shared memory: per 64-wide reduction step they read their A pieces and scales, then
 // dequantize and issue the step's four k16 MMA groups with the kernel's own functions (IssueStep,
 // or IssueStepPair), and nothing waits for a copy or a barrier. "mma" issues the same MMA groups
@@ -30,15 +31,15 @@ namespace ptx = mxmoe::cuda::ptx;
 
 using Cfg = sm90::ConfigWg128Deep3x3;  // the heuristics' config from 32 pairs per expert
 constexpr int kRows = 256;             // a CTA's weight rows: one prepacked block
-constexpr int kSteps = 56;                // Kimi-K3 FC1's reduction: 3584 / 64
-constexpr int kFlopPerSmCycle = 4096;     // dense bf16, H100 / H200 SXM
+constexpr int kSteps = 56;             // Kimi-K3 FC1's reduction: 3584 / 64
+constexpr int kFlopPerSmCycle = 4096;  // dense bf16, H100 / H200 SXM
 enum Mode : int { kMma = 0, kStep = 1, kPair = 2 };
 const char* const kModeNames[] = {"mma", "step", "pair"};
 
 struct ProbeArgs {
-  int tiles;            // tiles per CTA, kSteps steps each
-  long long* cycles;    // per CTA: clock64 cycles of consumer thread 0 over all tiles
-  float* sink;          // written only if the accumulators' sum is a NaN (keeps them live)
+  int tiles;          // tiles per CTA, kSteps steps each
+  long long* cycles;  // per CTA: clock64 cycles of consumer thread 0 over all tiles
+  float* sink;        // written only if the accumulators' sum is a NaN (keeps them live)
 };
 
 // kWGs consumer warpgroups share the block's 256 rows: kMFrags = 4 / kWGs m64 MMAs each per k16
