@@ -8,7 +8,7 @@
 // reduction, in 64-wide steps; its MMAs are as wide as the tile's valid tokens rounded up to a
 // multiple of 8 (TileWidth).
 // Warp-specialized, three warpgroups (wg128h: the two consumers only, consumer thread 0 issuing the
-// producer's copies between its MMAs; ConsumeTile):
+// producer's copies between its MMAs; ConsumeTile; wg128q: four consumers the same way):
 //   producer (warpgroup 0, one warp busy, few registers): per stage (kStepsPerStage steps), into a
 //     free one, the block's prepacked MXFP4 tiles and scales of those steps with two 1D bulk
 //     copies (contiguous in weight_layout.h), and per step the token rows of 64 bf16 through a
@@ -18,14 +18,13 @@
 //     for FC1 the tokens are gathered into it first (LaunchGatherRows). All complete on the
 //     stage's "full" mbarrier.
 //   2 consumers (warpgroups 1, 2): each owns 128 of the 256 rows (kMFrags = 2 m64 MMAs per k16
-//     step; wg128h: 64 of 128, one MMA). Per k16 step a consumer dequantizes its A fragments from
-//     shared memory into
-//     registers (the "RS" form of wgmma: mma.m16n8k16's A fragment), fences, issues its MMAs
-//     as one group and waits until at most kInFlight groups are in flight. At the end of a stage's
-//     first step the stage before has no MMA left: it goes back to the producer through the
-//     "empty" mbarrier.
-// Warp w of consumer wg supplies row group 4 w + 2 wg + f (wg128h: 2 w + wg) as the rows of its MMA
-// f (FragRowGroup, epilogue.cuh);
+//     step; wg128h: 64 of 128, one MMA; wg128q: four consumers of 64 rows, one MMA). Per k16 step
+//     a consumer dequantizes its A fragments from shared memory into registers (the "RS" form of
+//     wgmma: mma.m16n8k16's A fragment), fences, issues its MMAs as one group and waits until at
+//     most kInFlight groups are in flight. At the end of a stage's first step the stage before has
+//     no MMA left: it goes back to the producer through the "empty" mbarrier.
+// Warp w of consumer wg supplies row group 4 w + 2 wg + f (wg128h: 2 w + wg; wg128q: 4 w + wg) as
+// the rows of its MMA f (FragRowGroup, epilogue.cuh);
 // FC1's epilogue re-arranges the tile through the stages' shared memory (StageFc1).
 //
 // Why bulk copies: cp.async writes shared memory through the generic proxy, which wgmma may read
@@ -663,10 +662,11 @@ using ConfigWg128Deep3x3 = WgmmaConfig<128, 3, 3, 1, 3>;
 using ConfigWg128Half = WgmmaConfig<128, MXMOE_WG128H_STAGES, MXMOE_WG128H_IN_FLIGHT, 2, 1, kBlockRowGroups / 2>;
 // A whole block's 256 rows over four consumer warpgroups of one m64 MMA each per k16 step, and no
 // producer threads (512 threads of 128 registers; consumer thread 0 issues the copies), by default
-// 8 stages of one step (200 KB). mxmoe_wgmma_probe measured wg128d3x3's consumers (two warpgroups of two MMAs)
-// on one fixed stage at 85% of the tensor pipe's rate at 80-wide MMAs and 75% at 64 (H100): the
-// dequantization's dependent instructions, with two consumer warps per scheduler, are what the MMAs
-// wait for. Four warps per scheduler, each with half of them. Forced only (MXMOE_GEMM_CONFIG=wg128q).
+// 8 stages of one step (200 KB). mxmoe_wgmma_probe measured wg128d3x3's consumers (two warpgroups
+// of two MMAs) on one fixed stage at 85% of the tensor pipe's rate at 80-wide MMAs and 75% at 64
+// (H100): the dequantization's dependent instructions, with two consumer warps per scheduler, are
+// what the MMAs wait for. Four warps per scheduler, each with half of them. Forced only
+// (MXMOE_GEMM_CONFIG=wg128q; not yet run on a GPU, perf-log v28).
 // Its stages and steps per stage are build options for the first device A/Bs.
 #ifndef MXMOE_WG128Q_STAGES
 #define MXMOE_WG128Q_STAGES 8
