@@ -1,17 +1,18 @@
 // mxmoe_wgmma_probe: how fast the wgmma consumers' main loop can run on this GPU with its copies
 // taken out. Each CTA is wg128d3x3's two consumer warpgroups (moe_wgmma.cuh), or four of one MMA
-// each (wg128q's split; column "wgs"), on one fixed stage
-// already in shared memory: per 64-wide reduction step they read their A pieces and scales, then
-// dequantize and issue the step's four k16 MMA groups with the kernel's own functions (IssueStep,
-// or IssueStepPair), and nothing waits for a copy or a barrier. "mma" issues the same MMA groups
-// on A registers dequantized once, before the loop: the tensor pipe's rate for this MMA shape.
-// Comparing a width's "step" row with its "mma" row says what the dequantization costs; comparing
-// the layer's main loop (perf-log, phases) with "step" says what the copies and barriers cost.
+// each (wg128q's split; column "wgs"), on one fixed stage already in shared memory: per 64-wide
+// reduction step they read their A pieces and scales, then dequantize and issue the step's four
+// k16 MMA groups with the kernel's own functions (IssueStep, or IssueStepPair), and nothing waits
+// for a copy or a barrier. "mma" issues the same MMA groups on A registers dequantized once, before
+// the loop: the tensor pipe's rate for this MMA shape. Comparing a width's "step" row with its
+// "mma" row says what the dequantization costs; comparing the layer's main loop (perf-log, phases)
+// with "step" says what the copies and barriers cost.
 //   mxmoe_wgmma_probe [--reps N] [--tiles N]
-// Prints the command, then one row per (width, mode): µs, TFLOP/s (real FLOP: 256 rows x width x
-// 64 x steps), cycles per k16 step of the CTA (median over CTAs), and the tensor pipe's share: the
-// cycles the step's four m64 MMAs take at the SM's dense bf16 rate (4096 FLOP per cycle: 989.4
-// TFLOP/s over 132 SMs at 1830 MHz, the H100 / H200 data sheets' peak) over the cycles measured.
+// Prints the command, then one row per (width, mode, wgs): µs, TFLOP/s (real FLOP: 256 rows x
+// width x 64 x steps), cycles per k16 step of the CTA (median over CTAs), and the tensor pipe's
+// share: the cycles the step's four m64 MMAs take at the SM's dense bf16 rate (4096 FLOP per
+// cycle: 989.4 TFLOP/s over 132 SMs at 1830 MHz, the H100 / H200 data sheets' peak) over the
+// cycles measured.
 #include <cuda_runtime.h>
 
 #include <algorithm>
