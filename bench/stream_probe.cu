@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/probe_util.h"
 #include "cuda/ptx.cuh"
 #include "cuda/sm90/wgmma.cuh"
 
@@ -142,17 +143,8 @@ __global__ void __launch_bounds__(512) FlatProbe(const uint4* a, int64_t n, unsi
   if (acc == 0x9E3779B9u) *sink = acc;
 }
 
-void Check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "mxmoe_stream_probe: %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
-float Median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+void Check(cudaError_t e, const char* what) { mxmoe::bench::CheckCuda("mxmoe_stream_probe", e, what); }
+using mxmoe::bench::Median;
 
 struct Shape {
   const char* name;

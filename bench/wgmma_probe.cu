@@ -22,6 +22,7 @@
 #include <cstring>
 #include <vector>
 
+#include "bench/probe_util.h"
 #include "cuda/sm90/moe_wgmma.cuh"
 
 namespace {
@@ -50,12 +51,13 @@ __global__ void __launch_bounds__(128 * kWGs, 1) ProbeKernel(const ProbeArgs arg
 #if MXMOE_WGMMA_AVAILABLE
   constexpr int kThreads = 128 * kWGs;
   constexpr int kMFrags = 4 / kWGs, kNTiles = kN / 8, kASets = Cfg::kASets;
+  static_assert(kASets == 4, "a register set per k16 step of a 64-wide step");
   // B: 128 token rows of 64 bf16 (the 128-byte swizzle's atoms need 1024-byte alignment); A: one
   // step of a 256-row block's prepacked tiles and their scales.
   __shared__ __align__(1024) uint8_t smem_b[128 * 128];
   __shared__ __align__(16) uint8_t smem_a[mxmoe::cuda::kBlockRowGroups * mxmoe::cuda::kTileBytes];
   __shared__ __align__(16) uint8_t smem_s[mxmoe::cuda::kBlockRowGroups * mxmoe::cuda::kTileScaleBytes];
-  const int tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 3, wgi = tid >> 7, g = lane >> 2;
+  const int tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 3, wgi = tid >> 7;
   // Finite operands: B = 1/64 in bf16, any E2M1 codes, scales 2^-7 (the values do not change the
   // MMAs' timing; they keep the sums finite).
   for (int i = tid; i < static_cast<int>(sizeof(smem_b)) / 2; i += kThreads)
@@ -71,19 +73,14 @@ __global__ void __launch_bounds__(128 * kWGs, 1) ProbeKernel(const ProbeArgs arg
   uint4 frag_a[kMFrags];
   uint32_t frag_s[kMFrags];
   auto load_frags = [&] {
-#pragma unroll
-    for (int f = 0; f < kMFrags; ++f) {
-      const int group = sm90::FragRowGroup<kMFrags, kWGs>(warp, wgi, f);
-      frag_a[f] = ptx::LdShared128(a_base + group * mxmoe::cuda::kTileBytes + lane * 16);
-      frag_s[f] = ptx::LdShared32(s_base + group * mxmoe::cuda::kTileScaleBytes + g * 4);
-    }
+    sm90::LoadStepFragments<kMFrags, kWGs>(a_base, s_base, warp, wgi, lane, true, frag_a, frag_s);
   };
   if constexpr (kMode == kMma) {
     load_frags();
     sm90::DequantStep<kMFrags, 0>(frag_a, frag_s, areg[0]);
-    sm90::DequantStep<kMFrags, 1>(frag_a, frag_s, areg[1 % kASets]);
-    sm90::DequantStep<kMFrags, 2>(frag_a, frag_s, areg[2 % kASets]);
-    sm90::DequantStep<kMFrags, 3>(frag_a, frag_s, areg[3 % kASets]);
+    sm90::DequantStep<kMFrags, 1>(frag_a, frag_s, areg[1]);
+    sm90::DequantStep<kMFrags, 2>(frag_a, frag_s, areg[2]);
+    sm90::DequantStep<kMFrags, 3>(frag_a, frag_s, areg[3]);
   }
 
   float sum = 0.0f;
@@ -100,11 +97,11 @@ __global__ void __launch_bounds__(128 * kWGs, 1) ProbeKernel(const ProbeArgs arg
         wg::Fence();
         sm90::IssueMmaGroup<kMFrags, kNTiles, 0>(areg[0], desc_b, acc);
         wg::Wait<kASets - 1>();
-        sm90::IssueMmaGroup<kMFrags, kNTiles, 1>(areg[1 % kASets], desc_b, acc);
+        sm90::IssueMmaGroup<kMFrags, kNTiles, 1>(areg[1], desc_b, acc);
         wg::Wait<kASets - 1>();
-        sm90::IssueMmaGroup<kMFrags, kNTiles, 2>(areg[2 % kASets], desc_b, acc);
+        sm90::IssueMmaGroup<kMFrags, kNTiles, 2>(areg[2], desc_b, acc);
         wg::Wait<kASets - 1>();
-        sm90::IssueMmaGroup<kMFrags, kNTiles, 3>(areg[3 % kASets], desc_b, acc);
+        sm90::IssueMmaGroup<kMFrags, kNTiles, 3>(areg[3], desc_b, acc);
         wg::Wait<kASets - 1>();
       } else if constexpr (kMode == kStep) {
         sm90::IssueStep<kMFrags, kNTiles, 0, kASets>(frag_a, frag_s, areg, desc_b, acc, clock);
@@ -132,18 +129,8 @@ __global__ void __launch_bounds__(128 * kWGs, 1) ProbeKernel(const ProbeArgs arg
 #endif
 }
 
-void Check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "mxmoe_wgmma_probe: %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
-template <class T>
-T Median(std::vector<T> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+void Check(cudaError_t e, const char* what) { mxmoe::bench::CheckCuda("mxmoe_wgmma_probe", e, what); }
+using mxmoe::bench::Median;
 
 struct Row {
   int width;

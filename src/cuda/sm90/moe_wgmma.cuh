@@ -161,6 +161,20 @@ __device__ __forceinline__ void DequantStep(const uint4 (&frag_a)[kMFrags], cons
   }
 }
 
+// This warp's A pieces and scale words of one 64-wide step (the step's prepacked tiles at shared
+// address a_addr, their scales at s_addr; zeros for padding warps, active false) for its kMFrags
+// row groups.
+template <int kMFrags, int kWGs>
+__device__ __forceinline__ void LoadStepFragments(uint32_t a_addr, uint32_t s_addr, int warp, int wg, int lane,
+                                                  bool active, uint4 (&frag_a)[kMFrags], uint32_t (&frag_s)[kMFrags]) {
+#pragma unroll
+  for (int f = 0; f < kMFrags; ++f) {
+    const int group = FragRowGroup<kMFrags, kWGs>(warp, wg, f);
+    frag_a[f] = active ? ptx::LdShared128(a_addr + group * kTileBytes + lane * 16) : make_uint4(0, 0, 0, 0);
+    frag_s[f] = active ? ptx::LdShared32(s_addr + group * kTileScaleBytes + (lane >> 2) * 4) : 0u;
+  }
+}
+
 // The warpgroup's MMAs of k16 step kStep on dequantized register set `a`, committed as one group.
 template <int kMFrags, int kNTiles, int kStep>
 __device__ __forceinline__ void IssueMmaGroup(const uint32_t (&a)[kMFrags][4], uint64_t desc_b,
@@ -236,7 +250,6 @@ __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const Consu
   ZeroAccumulators(acc);
   uint32_t areg[Cfg::kASets][kMFrags][4];
 
-  const int g = c.lane >> 2;
   const int slots = SlotsOf<Cfg>(c.k_tiles);
   const uint32_t a_step = c.groups * kTileBytes, s_step = c.groups * kTileScaleBytes;
   const bool issues_copies = Cfg::kInlineProducer && c.wg == 0 && c.warp == 0 && c.lane == 0;
@@ -255,13 +268,8 @@ __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const Consu
     for (int j = 0; j < steps; ++j) {
       uint4 frag_a[kMFrags];
       uint32_t frag_s[kMFrags];
-#pragma unroll
-      for (int f = 0; f < kMFrags; ++f) {
-        const int group = FragRowGroup<kMFrags, Cfg::kConsumers>(c.warp, c.wg, f);
-        frag_a[f] = c.active ? ptx::LdShared128(sm.A(s) + j * a_step + group * kTileBytes + c.lane * 16)
-                             : make_uint4(0, 0, 0, 0);
-        frag_s[f] = c.active ? ptx::LdShared32(sm.Scales(s) + j * s_step + group * kTileScaleBytes + g * 4) : 0u;
-      }
+      LoadStepFragments<kMFrags, Cfg::kConsumers>(sm.A(s) + j * a_step, sm.Scales(s) + j * s_step, c.warp, c.wg, c.lane,
+                                                  c.active, frag_a, frag_s);
       // NOTE: B rows are 128 bytes and 8-row atoms 1024 bytes apart (the stride-dimension offset).
       const uint64_t desc_b = wgmma::SmemDescK128(sm.B(s, j), 1024);
 #pragma unroll
@@ -664,8 +672,9 @@ using ConfigWg128Half = WgmmaConfig<128, MXMOE_WG128H_STAGES, MXMOE_WG128H_IN_FL
 // producer threads (512 threads of 128 registers; consumer thread 0 issues the copies), by default
 // 8 stages of one step (200 KB). mxmoe_wgmma_probe measured wg128d3x3's consumers (two warpgroups
 // of two MMAs) on one fixed stage at 85% of the tensor pipe's rate at 80-wide MMAs and 75% at 64
-// (H100): the dequantization's dependent instructions, with two consumer warps per scheduler, are
-// what the MMAs wait for. Four warps per scheduler, each with half of them. Forced only
+// (H100); by its instruction counts neither issue nor a pipe was full, so the reading is that the
+// dequantization's dependent instructions, with two consumer warps per scheduler, are what the MMAs
+// wait for. Four warps per scheduler, each with half of them. Forced only
 // (MXMOE_GEMM_CONFIG=wg128q; not yet run on a GPU, perf-log v28).
 // Its stages and steps per stage are build options for the first device A/Bs.
 #ifndef MXMOE_WG128Q_STAGES
