@@ -52,8 +52,9 @@
 #include "cuda/weight_layout.h"
 
 // MMAs up to this wide dequantize two k16 steps before issuing them (IssueStepPair); 0: none. 64:
-// on an H100, 1-4% faster layers at T = 1024-2048 on the three benchmark shapes and a tie at 4096
-// (perf-log v28; 128 measured the same).
+// on an H100, layers 1-4% faster at T = 2048 on the three benchmark shapes and at T = 1024 on
+// GPT-OSS-120B and DeepSeek-V3 (Kimi-K3 runs n32 there), a tie at 4096 (perf-log v28; 128 within 2%
+// of 64).
 #ifndef MXMOE_DEQUANT_PAIRS_WIDTH
 #define MXMOE_DEQUANT_PAIRS_WIDTH 64
 #endif
