@@ -35,23 +35,69 @@ using Cfg = sm90::ConfigWg128Deep3x3;  // the heuristics' config from 32 pairs p
 constexpr int kRows = 256;             // a CTA's weight rows: one prepacked block
 constexpr int kSteps = 56;             // Kimi-K3 FC1's reduction: 3584 / 64
 constexpr int kFlopPerSmCycle = 4096;  // dense bf16, H100 / H200 SXM
-enum Mode : int { kMma = 0, kStep = 1, kPair = 2 };
-const char* const kModeNames[] = {"mma", "step", "pair"};
+// Modes, per k16 step of the loop:
+//   mma: the step's MMA group on A registers dequantized once, before the loop (the tensor pipe's
+//     rate for the shape); step / pair: the kernel's IssueStep / IssueStepPair;
+//   pairc: pairs with each row group's two MMAs back to back (f-major, one commit per pair, so
+//     that consecutive MMAs chain on one accumulator);
+//   raw: IssueStep without the scale multiplications (DecodeWord's bits go to the MMAs);
+//   both: mma's MMAs while the step's dequantization runs beside them into registers no MMA reads
+//     (what the two cost together without the dependency between them);
+//   deq / decode: the dequantization alone, with / without the scale multiplications, no MMA;
+//   alu / imad / ffma: mma's MMAs with kOps independent LOP3 / IMAD / FFMA per warp beside them.
+// The results of both, deq and decode are folded into one word (Fold: 2 LOP3 per m64 fragment).
+enum Mode : int { kMma, kStep, kPair, kPairC, kRaw, kBoth, kDeq, kDecode, kAlu, kImad, kFfma };
+const char* const kModeNames[] = {"mma", "step", "pair", "pairc", "raw", "both", "deq", "decode", "alu", "imad", "ffma"};
+
+template <int kMFrags>
+__device__ __forceinline__ void Fold(const uint32_t (&a)[kMFrags][4], uint32_t& fold) {
+#pragma unroll
+  for (int f = 0; f < kMFrags; ++f) fold ^= a[f][0] ^ a[f][1] ^ a[f][2] ^ a[f][3];
+}
+
+// DequantStep without its scale multiplications: DecodeWord's bf16 bits only.
+template <int kMFrags, int kStep>
+__device__ __forceinline__ void DecodeStep(const uint4 (&frag_a)[kMFrags], uint32_t (&a)[kMFrags][4]) {
+#pragma unroll
+  for (int f = 0; f < kMFrags; ++f) {
+    const uint32_t word = kStep == 0 ? frag_a[f].x : kStep == 1 ? frag_a[f].y : kStep == 2 ? frag_a[f].z : frag_a[f].w;
+    mxmoe::cuda::DecodeWord(word, a[f]);
+  }
+}
+
+// kOps independent operations of one kind, spread over 8 dependency chains.
+template <int kMode, int kOps>
+__device__ __forceinline__ void Filler(uint32_t (&x)[8]) {
+#pragma unroll
+  for (int i = 0; i < kOps; ++i) {
+    uint32_t& v = x[i % 8];
+    if constexpr (kMode == kAlu) {
+      asm("lop3.b32 %0, %0, %1, %2, 0x96;" : "+r"(v) : "r"(x[(i + 3) % 8]), "n"(0x5A5A5A5A));
+    } else if constexpr (kMode == kImad) {
+      asm("mad.lo.u32 %0, %0, %1, %2;" : "+r"(v) : "n"(0x9E3779B1), "r"(x[(i + 3) % 8]));
+    } else {
+      asm("fma.rn.f32 %0, %0, %1, %2;" : "+r"(v) : "f"(0.999f), "r"(x[(i + 3) % 8]));
+    }
+  }
+}
 
 struct ProbeArgs {
   int tiles;          // tiles per CTA, kSteps steps each
+  int zero;           // 0, unknown to the compiler: the A loads' addresses vary with the step
   long long* cycles;  // per CTA: clock64 cycles of consumer thread 0 over all tiles
   float* sink;        // written only if the accumulators' sum is a NaN (keeps them live)
 };
 
-// kWGs consumer warpgroups share the block's 256 rows: kMFrags = 4 / kWGs m64 MMAs each per k16
-// step (2: wg128d3x3's split; 4: one MMA each, twice the warps dequantizing).
-template <int kN, int kMode, int kWGs>
-__global__ void __launch_bounds__(128 * kWGs, 1) ProbeKernel(const ProbeArgs args) {
+// wg128d3x3's two consumer warpgroups over a block's 256 rows: kMFrags = 2 m64 MMAs each per k16
+// step.
+template <int kN, int kMode, int kOps>
+__global__ void __launch_bounds__(256, 1) ProbeKernel(const ProbeArgs args) {
 #if MXMOE_WGMMA_AVAILABLE
-  constexpr int kThreads = 128 * kWGs;
+  constexpr int kWGs = 2, kThreads = 128 * kWGs;
   constexpr int kMFrags = 4 / kWGs, kNTiles = kN / 8, kASets = Cfg::kASets;
   static_assert(kASets == 4, "a register set per k16 step of a 64-wide step");
+  constexpr bool kFixedA = kMode == kMma || kMode == kBoth || kMode == kAlu || kMode == kImad || kMode == kFfma;
+  constexpr bool kMmas = kMode != kDeq && kMode != kDecode;
   // B: 128 token rows of 64 bf16 (the 128-byte swizzle's atoms need 1024-byte alignment); A: one
   // step of a 256-row block's prepacked tiles and their scales.
   __shared__ __align__(1024) uint8_t smem_b[128 * 128];
@@ -72,58 +118,97 @@ __global__ void __launch_bounds__(128 * kWGs, 1) ProbeKernel(const ProbeArgs arg
   uint32_t areg[kASets][kMFrags][4];
   uint4 frag_a[kMFrags];
   uint32_t frag_s[kMFrags];
-  auto load_frags = [&] {
-    sm90::LoadStepFragments<kMFrags, kWGs>(a_base, s_base, warp, wgi, lane, true, frag_a, frag_s);
+  uint32_t a_off[kMFrags], s_off[kMFrags];
+  sm90::StepFragmentOffsets<kMFrags, kWGs>(warp, wgi, lane, true, a_off, s_off);
+  auto load_frags = [&](int step) {
+    const uint32_t off = static_cast<uint32_t>((step & 1) * args.zero);
+    sm90::LoadStepFragments(a_base + off, s_base + off, a_off, s_off, frag_a, frag_s);
   };
-  if constexpr (kMode == kMma) {
-    load_frags();
+  if constexpr (kFixedA) {
+    load_frags(0);
     sm90::DequantStep<kMFrags, 0>(frag_a, frag_s, areg[0]);
     sm90::DequantStep<kMFrags, 1>(frag_a, frag_s, areg[1]);
     sm90::DequantStep<kMFrags, 2>(frag_a, frag_s, areg[2]);
     sm90::DequantStep<kMFrags, 3>(frag_a, frag_s, areg[3]);
   }
+  uint32_t x[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) x[i] = static_cast<uint32_t>(tid * (i + 1));
 
   float sum = 0.0f;
+  uint32_t fold = 0;
   const long long t0 = clock64();
   for (int tile = 0; tile < args.tiles; ++tile) {
     float acc[kMFrags][kNTiles][4];
     sm90::ZeroAccumulators(acc);
+    // One k16 step of the mode.
+    auto k16 = [&](auto step_constant) {
+      constexpr int kS = decltype(step_constant)::value;
+      if constexpr (kMode == kStep) {
+        sm90::IssueStep<kMFrags, kNTiles, kS, kASets>(frag_a, frag_s, areg, desc_b, acc, clock);
+      } else if constexpr (kMode == kPair) {
+        if constexpr (kS % 2 == 0)
+          sm90::IssueStepPair<kMFrags, kNTiles, kS, kASets>(frag_a, frag_s, areg, desc_b, acc, clock);
+      } else if constexpr (kMode == kPairC) {
+        if constexpr (kS % 2 == 0) {
+          sm90::DequantStep<kMFrags, kS>(frag_a, frag_s, areg[kS]);
+          sm90::DequantStep<kMFrags, kS + 1>(frag_a, frag_s, areg[kS + 1]);
+          wg::Fence();
+#pragma unroll
+          for (int f = 0; f < kMFrags; ++f) {
+            wg::WgmmaBf16Rs(acc[f], areg[kS][f], wg::AdvanceDesc(desc_b, kS * 32));
+            wg::WgmmaBf16Rs(acc[f], areg[kS + 1][f], wg::AdvanceDesc(desc_b, (kS + 1) * 32));
+          }
+          wg::Commit();
+          wg::Wait<1>();
+        }
+      } else if constexpr (kMode == kDeq || kMode == kDecode) {
+        uint32_t tmp[kMFrags][4];
+        if constexpr (kMode == kDeq) {
+          sm90::DequantStep<kMFrags, kS>(frag_a, frag_s, tmp);
+        } else {
+          DecodeStep<kMFrags, kS>(frag_a, tmp);
+        }
+        Fold(tmp, fold);
+      } else {
+        // MMAs on register set kS: dequantized before the loop (kFixedA), or now without scales.
+        if constexpr (kMode == kRaw) DecodeStep<kMFrags, kS>(frag_a, areg[kS]);
+        if constexpr (kMode == kBoth) {
+          uint32_t tmp[kMFrags][4];
+          sm90::DequantStep<kMFrags, kS>(frag_a, frag_s, tmp);
+          Fold(tmp, fold);
+        }
+        if constexpr (kMode == kAlu || kMode == kImad || kMode == kFfma) Filler<kMode, kOps>(x);
+        wg::Fence();
+        sm90::IssueMmaGroup<kMFrags, kNTiles, kS>(areg[kS], desc_b, acc);
+        wg::Wait<kASets - 1>();
+      }
+    };
 #pragma unroll 1
     for (int step = 0; step < kSteps; ++step) {
-      if constexpr (kMode != kMma) load_frags();
+      if constexpr (!kFixedA) load_frags(step);
 #pragma unroll
       for (int f = 0; f < kMFrags; ++f) wg::FenceOperand(acc[f]);
-      if constexpr (kMode == kMma) {
-        wg::Fence();
-        sm90::IssueMmaGroup<kMFrags, kNTiles, 0>(areg[0], desc_b, acc);
-        wg::Wait<kASets - 1>();
-        sm90::IssueMmaGroup<kMFrags, kNTiles, 1>(areg[1], desc_b, acc);
-        wg::Wait<kASets - 1>();
-        sm90::IssueMmaGroup<kMFrags, kNTiles, 2>(areg[2], desc_b, acc);
-        wg::Wait<kASets - 1>();
-        sm90::IssueMmaGroup<kMFrags, kNTiles, 3>(areg[3], desc_b, acc);
-        wg::Wait<kASets - 1>();
-      } else if constexpr (kMode == kStep) {
-        sm90::IssueStep<kMFrags, kNTiles, 0, kASets>(frag_a, frag_s, areg, desc_b, acc, clock);
-        sm90::IssueStep<kMFrags, kNTiles, 1, kASets>(frag_a, frag_s, areg, desc_b, acc, clock);
-        sm90::IssueStep<kMFrags, kNTiles, 2, kASets>(frag_a, frag_s, areg, desc_b, acc, clock);
-        sm90::IssueStep<kMFrags, kNTiles, 3, kASets>(frag_a, frag_s, areg, desc_b, acc, clock);
-      } else {
-        sm90::IssueStepPair<kMFrags, kNTiles, 0, kASets>(frag_a, frag_s, areg, desc_b, acc, clock);
-        sm90::IssueStepPair<kMFrags, kNTiles, 2, kASets>(frag_a, frag_s, areg, desc_b, acc, clock);
-      }
+      k16(std::integral_constant<int, 0>{});
+      k16(std::integral_constant<int, 1>{});
+      k16(std::integral_constant<int, 2>{});
+      k16(std::integral_constant<int, 3>{});
     }
-    wg::Wait<0>();
+    if constexpr (kMmas) {
+      wg::Wait<0>();
 #pragma unroll
-    for (int f = 0; f < kMFrags; ++f) wg::FenceOperand(acc[f]);
+      for (int f = 0; f < kMFrags; ++f) wg::FenceOperand(acc[f]);
 #pragma unroll
-    for (int f = 0; f < kMFrags; ++f)
+      for (int f = 0; f < kMFrags; ++f)
 #pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt) sum += acc[f][nt][0] + acc[f][nt][3];
+        for (int nt = 0; nt < kNTiles; ++nt) sum += acc[f][nt][0] + acc[f][nt][3];
+    }
   }
   const long long t1 = clock64();
   if (tid == 0) args.cycles[blockIdx.x] = t1 - t0;
-  if (sum != sum) args.sink[0] = sum;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) fold ^= x[i];
+  if (sum != sum || fold == 0x7F7F7F7Fu) args.sink[0] = sum + static_cast<float>(fold);
 #else
   __trap();  // SM90 only
 #endif
@@ -135,17 +220,23 @@ using mxmoe::bench::Median;
 struct Row {
   int width;
   int mode;
-  int wgs;
+  int ops;
   void (*kernel)(ProbeArgs);
 };
 
 template <int kN>
 void AddWidth(std::vector<Row>& rows) {
-  rows.push_back({kN, kMma, 2, ProbeKernel<kN, kMma, 2>});
-  rows.push_back({kN, kStep, 2, ProbeKernel<kN, kStep, 2>});
-  rows.push_back({kN, kPair, 2, ProbeKernel<kN, kPair, 2>});
-  rows.push_back({kN, kStep, 4, ProbeKernel<kN, kStep, 4>});
-  rows.push_back({kN, kPair, 4, ProbeKernel<kN, kPair, 4>});
+  rows.push_back({kN, kMma, 0, ProbeKernel<kN, kMma, 0>});
+  rows.push_back({kN, kStep, 0, ProbeKernel<kN, kStep, 0>});
+  rows.push_back({kN, kPair, 0, ProbeKernel<kN, kPair, 0>});
+  rows.push_back({kN, kPairC, 0, ProbeKernel<kN, kPairC, 0>});
+  rows.push_back({kN, kRaw, 0, ProbeKernel<kN, kRaw, 0>});
+  rows.push_back({kN, kBoth, 0, ProbeKernel<kN, kBoth, 0>});
+  rows.push_back({kN, kAlu, 8, ProbeKernel<kN, kAlu, 8>});
+  rows.push_back({kN, kAlu, 16, ProbeKernel<kN, kAlu, 16>});
+  rows.push_back({kN, kAlu, 32, ProbeKernel<kN, kAlu, 32>});
+  rows.push_back({kN, kImad, 16, ProbeKernel<kN, kImad, 16>});
+  rows.push_back({kN, kFfma, 16, ProbeKernel<kN, kFfma, 16>});
 }
 
 }  // namespace
@@ -176,18 +267,17 @@ int main(int argc, char** argv) {
   Check(cudaEventCreate(&e1), "event");
 
   std::vector<Row> rows;
-  AddWidth<16>(rows);
+  // Without MMAs the width does not matter: printed as 0.
+  rows.push_back({0, kDeq, 0, ProbeKernel<16, kDeq, 0>});
+  rows.push_back({0, kDecode, 0, ProbeKernel<16, kDecode, 0>});
   AddWidth<32>(rows);
-  AddWidth<48>(rows);
   AddWidth<64>(rows);
   AddWidth<80>(rows);
-  AddWidth<96>(rows);
-  AddWidth<112>(rows);
   AddWidth<128>(rows);
 
   std::printf("command: mxmoe_wgmma_probe --reps %d --tiles %d (%s, %d SMs; %d CTAs, %d steps a tile)\n", reps, tiles,
               prop.name, sms, sms, kSteps);
-  std::printf("%6s %5s %4s %10s %9s %12s %12s %7s\n", "width", "mode", "wgs", "us", "TFLOP/s", "clk/k16", "ideal clk",
+  std::printf("%6s %6s %4s %10s %9s %12s %12s %7s\n", "width", "mode", "ops", "us", "TFLOP/s", "clk/k16", "ideal clk",
               "%pipe");
   for (const Row& row : rows) {
     std::vector<float> us;
@@ -195,7 +285,7 @@ int main(int argc, char** argv) {
     std::vector<double> clk;
     for (int r = -2; r < reps; ++r) {
       Check(cudaEventRecord(e0), "record");
-      row.kernel<<<sms, 128 * row.wgs>>>(ProbeArgs{tiles, cycles, sink});
+      row.kernel<<<sms, 256>>>(ProbeArgs{tiles, 0, cycles, sink});
       Check(cudaEventRecord(e1), "record");
       Check(cudaEventSynchronize(e1), "probe kernel");
       float ms = 0;
@@ -210,7 +300,7 @@ int main(int argc, char** argv) {
     const double per_k16 = Median(clk);
     // Per k16 step: the block's 4 m64 MMAs of 64 x width x 16.
     const double ideal = 2.0 * kRows * row.width * 16 / kFlopPerSmCycle;
-    std::printf("%6d %5s %4d %10.1f %9.1f %12.1f %12.1f %6.1f%%\n", row.width, kModeNames[row.mode], row.wgs, t,
+    std::printf("%6d %6s %4d %10.1f %9.1f %12.1f %12.1f %6.1f%%\n", row.width, kModeNames[row.mode], row.ops, t,
                 flop / t / 1e6, per_k16, ideal, 100.0 * ideal / per_k16);
   }
   return 0;

@@ -193,13 +193,33 @@ __device__ __forceinline__ uint32_t MulBf16x2(uint32_t a, uint32_t b) {
   return d;
 }
 
-// Byte j (0..3) of v in both 16-bit halves, as bf16 exponent bits: the bf16x2 value 2^(b - 127)
-// twice for the stored scale byte b. One PRMT and one shift.
+// Bytes j and j + 1 (j even) of v as bf16 exponent bits, byte j in the low half and j + 1 in the
+// high: the bf16x2 value (2^(b_j - 127), 2^(b_j+1 - 127)). One PRMT and one shift for two scales,
+// which MulBf16x2Lo / MulBf16x2Hi broadcast.
 template <int kByte>
-__device__ __forceinline__ uint32_t ScaleBf16x2(uint32_t v) {
-  static_assert(kByte >= 0 && kByte < 4);
-  constexpr uint32_t kSelector = 0x4040u | (kByte << 8) | kByte;  // [byte, 0, byte, 0]
+__device__ __forceinline__ uint32_t ScalePairBf16x2(uint32_t v) {
+  static_assert(kByte == 0 || kByte == 2);
+  constexpr uint32_t kSelector = 0x4040u | ((kByte + 1) << 8) | kByte;  // [byte, 0, byte + 1, 0]
   return __byte_perm(v, 0u, kSelector) << 7;
+}
+
+// MulBf16x2 by the low (kHigh false) or high half of b in both halves: ptxas puts the broadcast on
+// the multiplication's operand (HMUL2 ... R.H0_H0 / R.H1_H1), no instruction of its own.
+template <bool kHigh>
+__device__ __forceinline__ uint32_t MulBf16x2Half(uint32_t a, uint32_t b) {
+  uint32_t d;
+  if constexpr (kHigh) {
+    asm("{\n.reg .b16 l, h;\n.reg .b32 s;\nmov.b32 {l, h}, %2;\nmov.b32 s, {h, h};\n"
+        "fma.rn.bf16x2 %0, %1, s, %3;\n}\n"
+        : "=r"(d)
+        : "r"(a), "r"(b), "r"(0x80008000u));
+  } else {
+    asm("{\n.reg .b16 l, h;\n.reg .b32 s;\nmov.b32 {l, h}, %2;\nmov.b32 s, {l, l};\n"
+        "fma.rn.bf16x2 %0, %1, s, %3;\n}\n"
+        : "=r"(d)
+        : "r"(a), "r"(b), "r"(0x80008000u));
+  }
+  return d;
 }
 
 }  // namespace mxmoe::cuda::ptx

@@ -125,16 +125,15 @@ __device__ __forceinline__ void ComputeHalfStep(const uint4 (&frag_a)[Cfg::kMFra
   }
 #pragma unroll
   for (int f = 0; f < Cfg::kMFrags; ++f) {
-    const uint32_t scale_lo = ptx::ScaleBf16x2<2 * kHalf>(frag_s[f]);      // row g
-    const uint32_t scale_hi = ptx::ScaleBf16x2<2 * kHalf + 1>(frag_s[f]);  // row g + 8
+    const uint32_t scales = ptx::ScalePairBf16x2<2 * kHalf>(frag_s[f]);  // rows g (low), g + 8 (high)
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
       uint32_t raw[4], a[4];
       DecodeWord(WordOf(frag_a[f], 2 * kHalf + s), raw);
-      a[0] = ptx::MulBf16x2(raw[0], scale_lo);
-      a[1] = ptx::MulBf16x2(raw[1], scale_hi);
-      a[2] = ptx::MulBf16x2(raw[2], scale_lo);
-      a[3] = ptx::MulBf16x2(raw[3], scale_hi);
+      a[0] = ptx::MulBf16x2Half<false>(raw[0], scales);
+      a[1] = ptx::MulBf16x2Half<true>(raw[1], scales);
+      a[2] = ptx::MulBf16x2Half<false>(raw[2], scales);
+      a[3] = ptx::MulBf16x2Half<true>(raw[3], scales);
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt)
         ptx::MmaBf16(acc[f][nt], a, frag_b[nt][2 * s], frag_b[nt][2 * s + 1]);

@@ -151,28 +151,41 @@ __device__ __forceinline__ void DequantStep(const uint4 (&frag_a)[kMFrags], cons
 #pragma unroll
   for (int f = 0; f < kMFrags; ++f) {
     const uint32_t word = kStep == 0 ? frag_a[f].x : kStep == 1 ? frag_a[f].y : kStep == 2 ? frag_a[f].z : frag_a[f].w;
-    const uint32_t scale_lo = ptx::ScaleBf16x2<2 * kHalf>(frag_s[f]);      // row g
-    const uint32_t scale_hi = ptx::ScaleBf16x2<2 * kHalf + 1>(frag_s[f]);  // row g + 8
+    const uint32_t scales = ptx::ScalePairBf16x2<2 * kHalf>(frag_s[f]);  // rows g (low), g + 8 (high)
     uint32_t raw[4];
     DecodeWord(word, raw);
-    a[f][0] = ptx::MulBf16x2(raw[0], scale_lo);
-    a[f][1] = ptx::MulBf16x2(raw[1], scale_hi);
-    a[f][2] = ptx::MulBf16x2(raw[2], scale_lo);
-    a[f][3] = ptx::MulBf16x2(raw[3], scale_hi);
+    a[f][0] = ptx::MulBf16x2Half<false>(raw[0], scales);
+    a[f][1] = ptx::MulBf16x2Half<true>(raw[1], scales);
+    a[f][2] = ptx::MulBf16x2Half<false>(raw[2], scales);
+    a[f][3] = ptx::MulBf16x2Half<true>(raw[3], scales);
   }
 }
 
-// This warp's A pieces and scale words of one 64-wide step (the step's prepacked tiles at shared
-// address a_addr, their scales at s_addr; zeros for padding warps, active false) for its kMFrags
-// row groups.
+// Where this thread's A pieces and scale words lie within a step's tiles, for its kMFrags row
+// groups: computed once a tile. A padding warp (active false) reads a real row group's instead
+// (row group f: rows are padded to 64, so a CTA that runs has at least 4): its MMAs' results are never
+// staged or stored, and the step's loads need no predicate or zeroing (perf-log v29).
 template <int kMFrags, int kWGs>
-__device__ __forceinline__ void LoadStepFragments(uint32_t a_addr, uint32_t s_addr, int warp, int wg, int lane,
-                                                  bool active, uint4 (&frag_a)[kMFrags], uint32_t (&frag_s)[kMFrags]) {
+__device__ __forceinline__ void StepFragmentOffsets(int warp, int wg, int lane, bool active,
+                                                    uint32_t (&a_off)[kMFrags], uint32_t (&s_off)[kMFrags]) {
 #pragma unroll
   for (int f = 0; f < kMFrags; ++f) {
-    const int group = FragRowGroup<kMFrags, kWGs>(warp, wg, f);
-    frag_a[f] = active ? ptx::LdShared128(a_addr + group * kTileBytes + lane * 16) : make_uint4(0, 0, 0, 0);
-    frag_s[f] = active ? ptx::LdShared32(s_addr + group * kTileScaleBytes + (lane >> 2) * 4) : 0u;
+    const int group = active ? FragRowGroup<kMFrags, kWGs>(warp, wg, f) : f;
+    a_off[f] = group * kTileBytes + lane * 16;
+    s_off[f] = group * kTileScaleBytes + (lane >> 2) * 4;
+  }
+}
+
+// This thread's A pieces and scale words of one 64-wide step (the step's prepacked tiles at shared
+// address a_addr, their scales at s_addr) at the offsets of StepFragmentOffsets.
+template <int kMFrags>
+__device__ __forceinline__ void LoadStepFragments(uint32_t a_addr, uint32_t s_addr, const uint32_t (&a_off)[kMFrags],
+                                                  const uint32_t (&s_off)[kMFrags], uint4 (&frag_a)[kMFrags],
+                                                  uint32_t (&frag_s)[kMFrags]) {
+#pragma unroll
+  for (int f = 0; f < kMFrags; ++f) {
+    frag_a[f] = ptx::LdShared128(a_addr + a_off[f]);
+    frag_s[f] = ptx::LdShared32(s_addr + s_off[f]);
   }
 }
 
@@ -254,6 +267,8 @@ __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const Consu
   const int slots = SlotsOf<Cfg>(c.k_tiles);
   const uint32_t a_step = c.groups * kTileBytes, s_step = c.groups * kTileScaleBytes;
   const bool issues_copies = Cfg::kInlineProducer && c.wg == 0 && c.warp == 0 && c.lane == 0;
+  uint32_t a_off[kMFrags], s_off[kMFrags];
+  StepFragmentOffsets<kMFrags, Cfg::kConsumers>(c.warp, c.wg, c.lane, c.active, a_off, s_off);
   if constexpr (Cfg::kInlineProducer) {
     if (issues_copies) copies->IssueFirst(slots, 0);
   }
@@ -269,8 +284,7 @@ __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const Consu
     for (int j = 0; j < steps; ++j) {
       uint4 frag_a[kMFrags];
       uint32_t frag_s[kMFrags];
-      LoadStepFragments<kMFrags, Cfg::kConsumers>(sm.A(s) + j * a_step, sm.Scales(s) + j * s_step, c.warp, c.wg, c.lane,
-                                                  c.active, frag_a, frag_s);
+      LoadStepFragments(sm.A(s) + j * a_step, sm.Scales(s) + j * s_step, a_off, s_off, frag_a, frag_s);
       // NOTE: B rows are 128 bytes and 8-row atoms 1024 bytes apart (the stride-dimension offset).
       const uint64_t desc_b = wgmma::SmemDescK128(sm.B(s, j), 1024);
 #pragma unroll
