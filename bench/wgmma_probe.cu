@@ -1,18 +1,17 @@
 // mxmoe_wgmma_probe: how fast the wgmma consumers' main loop can run on this GPU with its copies
-// taken out. Each CTA is wg128d3x3's two consumer warpgroups (moe_wgmma.cuh), or four of one MMA
-// each (wg128q's split; column "wgs"), on one fixed stage already in shared memory: per 64-wide
-// reduction step they read their A pieces and scales, then dequantize and issue the step's four
-// k16 MMA groups with the kernel's own functions (IssueStep, or IssueStepPair), and nothing waits
-// for a copy or a barrier. "mma" issues the same MMA groups on A registers dequantized once, before
-// the loop: the tensor pipe's rate for this MMA shape. Comparing a width's "step" row with its
-// "mma" row says what the dequantization costs; comparing the layer's main loop (perf-log, phases)
-// with "step" says what the copies and barriers cost.
+// taken out, and what the instructions beside the MMAs cost. Each CTA is wg128d3x3's two consumer
+// warpgroups (moe_wgmma.cuh) on one fixed stage already in shared memory: per 64-wide reduction step
+// they read their A pieces and scales, then dequantize and issue the step's four k16 MMA groups with
+// the kernel's own functions, and nothing waits for a copy or a barrier. The modes (Mode, below)
+// take parts out or put other instructions in: comparing a width's "step" row with its "mma" row
+// says what the dequantization costs; comparing the layer's main loop (perf-log, phases) with "step"
+// says what the copies and barriers cost.
 //   mxmoe_wgmma_probe [--reps N] [--tiles N]
-// Prints the command, then one row per (width, mode, wgs): µs, TFLOP/s (real FLOP: 256 rows x
+// Prints the command, then one row per (width, mode, ops): µs, TFLOP/s (real FLOP: 256 rows x
 // width x 64 x steps), cycles per k16 step of the CTA (median over CTAs), and the tensor pipe's
 // share: the cycles the step's four m64 MMAs take at the SM's dense bf16 rate (4096 FLOP per
 // cycle: 989.4 TFLOP/s over 132 SMs at 1830 MHz, the H100 / H200 data sheets' peak) over the
-// cycles measured.
+// cycles measured. Rows without MMAs print width 0.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -38,16 +37,18 @@ constexpr int kFlopPerSmCycle = 4096;  // dense bf16, H100 / H200 SXM
 // Modes, per k16 step of the loop:
 //   mma: the step's MMA group on A registers dequantized once, before the loop (the tensor pipe's
 //     rate for the shape); step / pair: the kernel's IssueStep / IssueStepPair;
-//   pairc: pairs with each row group's two MMAs back to back (f-major, one commit per pair, so
-//     that consecutive MMAs chain on one accumulator);
+//   ahead: each k16 step's dequantization one step ahead of its MMAs (step s + 1's before step s's
+//     MMAs are issued, the next 64-wide step's first with the current one's last; two groups in
+//     flight), so that no MMA waits for registers written just before it;
 //   raw: IssueStep without the scale multiplications (DecodeWord's bits go to the MMAs);
 //   both: mma's MMAs while the step's dequantization runs beside them into registers no MMA reads
 //     (what the two cost together without the dependency between them);
 //   deq / decode: the dequantization alone, with / without the scale multiplications, no MMA;
 //   alu / imad / ffma: mma's MMAs with kOps independent LOP3 / IMAD / FFMA per warp beside them.
 // The results of both, deq and decode are folded into one word (Fold: 2 LOP3 per m64 fragment).
-enum Mode : int { kMma, kStep, kPair, kPairC, kRaw, kBoth, kDeq, kDecode, kAlu, kImad, kFfma };
-const char* const kModeNames[] = {"mma", "step", "pair", "pairc", "raw", "both", "deq", "decode", "alu", "imad", "ffma"};
+enum Mode : int { kMma, kStep, kPair, kAhead, kRaw, kBoth, kDeq, kDecode, kAlu, kImad, kFfma };
+const char* const kModeNames[] = {"mma", "step",   "pair", "ahead", "raw", "both",
+                                  "deq", "decode", "alu",  "imad",  "ffma"};
 
 template <int kMFrags>
 __device__ __forceinline__ void Fold(const uint32_t (&a)[kMFrags][4], uint32_t& fold) {
@@ -137,10 +138,15 @@ __global__ void __launch_bounds__(256, 1) ProbeKernel(const ProbeArgs args) {
 
   float sum = 0.0f;
   uint32_t fold = 0;
+  int cur_step = 0;
   const long long t0 = clock64();
   for (int tile = 0; tile < args.tiles; ++tile) {
     float acc[kMFrags][kNTiles][4];
     sm90::ZeroAccumulators(acc);
+    if constexpr (kMode == kAhead) {
+      load_frags(0);
+      sm90::DequantStep<kMFrags, 0>(frag_a, frag_s, areg[0]);
+    }
     // One k16 step of the mode.
     auto k16 = [&](auto step_constant) {
       constexpr int kS = decltype(step_constant)::value;
@@ -149,19 +155,17 @@ __global__ void __launch_bounds__(256, 1) ProbeKernel(const ProbeArgs args) {
       } else if constexpr (kMode == kPair) {
         if constexpr (kS % 2 == 0)
           sm90::IssueStepPair<kMFrags, kNTiles, kS, kASets>(frag_a, frag_s, areg, desc_b, acc, clock);
-      } else if constexpr (kMode == kPairC) {
-        if constexpr (kS % 2 == 0) {
-          sm90::DequantStep<kMFrags, kS>(frag_a, frag_s, areg[kS]);
+      } else if constexpr (kMode == kAhead) {
+        // Set kS + 1 (of 4) is free: at most kS - 1 and kS - 2 are in flight.
+        if constexpr (kS < 3) {
           sm90::DequantStep<kMFrags, kS + 1>(frag_a, frag_s, areg[kS + 1]);
-          wg::Fence();
-#pragma unroll
-          for (int f = 0; f < kMFrags; ++f) {
-            wg::WgmmaBf16Rs(acc[f], areg[kS][f], wg::AdvanceDesc(desc_b, kS * 32));
-            wg::WgmmaBf16Rs(acc[f], areg[kS + 1][f], wg::AdvanceDesc(desc_b, (kS + 1) * 32));
-          }
-          wg::Commit();
-          wg::Wait<1>();
+        } else {
+          load_frags(cur_step + 1);
+          sm90::DequantStep<kMFrags, 0>(frag_a, frag_s, areg[0]);
         }
+        wg::Fence();
+        sm90::IssueMmaGroup<kMFrags, kNTiles, kS>(areg[kS], desc_b, acc);
+        wg::Wait<2>();
       } else if constexpr (kMode == kDeq || kMode == kDecode) {
         uint32_t tmp[kMFrags][4];
         if constexpr (kMode == kDeq) {
@@ -186,7 +190,8 @@ __global__ void __launch_bounds__(256, 1) ProbeKernel(const ProbeArgs args) {
     };
 #pragma unroll 1
     for (int step = 0; step < kSteps; ++step) {
-      if constexpr (!kFixedA) load_frags(step);
+      cur_step = step;
+      if constexpr (!kFixedA && kMode != kAhead) load_frags(step);
 #pragma unroll
       for (int f = 0; f < kMFrags; ++f) wg::FenceOperand(acc[f]);
       k16(std::integral_constant<int, 0>{});
@@ -229,7 +234,7 @@ void AddWidth(std::vector<Row>& rows) {
   rows.push_back({kN, kMma, 0, ProbeKernel<kN, kMma, 0>});
   rows.push_back({kN, kStep, 0, ProbeKernel<kN, kStep, 0>});
   rows.push_back({kN, kPair, 0, ProbeKernel<kN, kPair, 0>});
-  rows.push_back({kN, kPairC, 0, ProbeKernel<kN, kPairC, 0>});
+  rows.push_back({kN, kAhead, 0, ProbeKernel<kN, kAhead, 0>});
   rows.push_back({kN, kRaw, 0, ProbeKernel<kN, kRaw, 0>});
   rows.push_back({kN, kBoth, 0, ProbeKernel<kN, kBoth, 0>});
   rows.push_back({kN, kAlu, 8, ProbeKernel<kN, kAlu, 8>});

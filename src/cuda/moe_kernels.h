@@ -239,16 +239,15 @@ int L2Ahead();
 // wg128h BLOCK_N 128 with half a row block per CTA and two CTAs per SM (perf-log v19, v20), n32t and
 // n8t n32's and n8's warps fed by the copy engine instead of cp.async (perf-log v20), n8f n8's tiles
 // with both GEMMs of a call of at most kDecodeMaxPairs pairs in one persistent kernel (perf-log v21;
-// LaunchFusedDecode), n8c2d n8c2 with 5 stages, 4 CTAs per SM (perf-log v23), wg128q BLOCK_N 128 with
-// four consumer warpgroups of one m64 MMA each (perf-log v28).
+// LaunchFusedDecode), n8c2d n8c2 with 5 stages, 4 CTAs per SM (perf-log v23).
 // clang-format off
 enum class GemmConfigId : int {
   kN8 = 0, kN32 = 1, kN64 = 2, kWg64 = 3, kWg128 = 4, kWg128d = 5, kWg128d8 = 6, kN8k2 = 7, kN8c2 = 8,
   kWg32x2d = 9, kN8c4 = 10, kWg128d4x2 = 11, kWg128d3x3 = 12, kWg128h = 13, kN32t = 14, kN8t = 15, kN8f = 16,
-  kN8c2d = 17, kWg128q = 18
+  kN8c2d = 17
 };
 // clang-format on
-inline constexpr int kNumGemmConfigs = 19;
+inline constexpr int kNumGemmConfigs = 18;
 
 struct GemmConfigInfo {
   const char* name;

@@ -1,8 +1,8 @@
 // Every GEMM config of the SM90 path (mma.sync n8 / n8k2 / n8c2 / n8c4 / n32 / n64, the same fed by
-// TMA n32t / n8t, n8's tiles in one persistent kernel n8f, wgmma wg32x2d / wg64 / wg128 / wg128d / wg128d8 / wg128d4x2 / wg128d3x3 / wg128h / wg128q),
-// against the CPU reference:
-// the heuristics alone would leave some configs untested on small shapes (and the wgmma ones only
-// on large shapes checked against the GPU reference).
+// TMA n32t / n8t, n8's tiles in one persistent kernel n8f, wgmma wg32x2d / wg64 / wg128 / wg128d /
+// wg128d8 / wg128d4x2 / wg128d3x3 / wg128h), against the CPU reference: the heuristics alone would
+// leave some configs untested on small shapes (and the wgmma ones only on large shapes checked
+// against the GPU reference).
 #include <gtest/gtest.h>
 
 #include <cstdio>

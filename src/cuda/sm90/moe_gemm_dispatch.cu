@@ -31,7 +31,6 @@ MXMOE_DECLARE_CONFIG(N32t)
 MXMOE_DECLARE_CONFIG(N8t)
 MXMOE_DECLARE_CONFIG(N8f)
 MXMOE_DECLARE_CONFIG(N8c2d)
-MXMOE_DECLARE_CONFIG(Wg128q)
 #undef MXMOE_DECLARE_CONFIG
 }  // namespace sm90
 
@@ -55,7 +54,6 @@ GemmConfigInfo GemmInfo(GemmConfigId id) {
     case GemmConfigId::kN8t: return sm90::InfoN8t();
     case GemmConfigId::kN8f: return sm90::InfoN8f();
     case GemmConfigId::kN8c2d: return sm90::InfoN8c2d();
-    case GemmConfigId::kWg128q: return sm90::InfoWg128q();
   }
   return sm90::InfoN8();
 }
@@ -79,7 +77,6 @@ cudaError_t PrepareGemmKernels() {
   if (e == cudaSuccess) e = sm90::PrepareGemmN8t();
   if (e == cudaSuccess) e = sm90::PrepareGemmN8f();
   if (e == cudaSuccess) e = sm90::PrepareGemmN8c2d();
-  if (e == cudaSuccess) e = sm90::PrepareGemmWg128q();
   return e;
 }
 
@@ -125,7 +122,6 @@ cudaError_t LaunchGemm(GemmConfigId id, bool fc1, const GemmParams& p, int64_t g
     case GemmConfigId::kN8t: return sm90::LaunchGemmN8t(fc1, p, grid_ctas, stream);
     case GemmConfigId::kN8f: return sm90::LaunchGemmN8f(fc1, p, grid_ctas, stream);
     case GemmConfigId::kN8c2d: return sm90::LaunchGemmN8c2d(fc1, p, grid_ctas, stream);
-    case GemmConfigId::kWg128q: return sm90::LaunchGemmWg128q(fc1, p, grid_ctas, stream);
   }
   return cudaErrorInvalidValue;
 }

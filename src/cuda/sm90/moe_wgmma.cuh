@@ -8,7 +8,7 @@
 // reduction, in 64-wide steps; its MMAs are as wide as the tile's valid tokens rounded up to a
 // multiple of 8 (TileWidth).
 // Warp-specialized, three warpgroups (wg128h: the two consumers only, consumer thread 0 issuing the
-// producer's copies between its MMAs; ConsumeTile; wg128q: four consumers the same way):
+// producer's copies between its MMAs; ConsumeTile):
 //   producer (warpgroup 0, one warp busy, few registers): per stage (kStepsPerStage steps), into a
 //     free one, the block's prepacked MXFP4 tiles and scales of those steps with two 1D bulk
 //     copies (contiguous in weight_layout.h), and per step the token rows of 64 bf16 through a
@@ -18,13 +18,13 @@
 //     for FC1 the tokens are gathered into it first (LaunchGatherRows). All complete on the
 //     stage's "full" mbarrier.
 //   2 consumers (warpgroups 1, 2): each owns 128 of the 256 rows (kMFrags = 2 m64 MMAs per k16
-//     step; wg128h: 64 of 128, one MMA; wg128q: four consumers of 64 rows, one MMA). Per k16 step
-//     a consumer dequantizes its A fragments from shared memory into registers (the "RS" form of
-//     wgmma: mma.m16n8k16's A fragment), fences, issues its MMAs as one group and waits until at
-//     most kInFlight groups are in flight. At the end of a stage's first step the stage before has
-//     no MMA left: it goes back to the producer through the "empty" mbarrier.
-// Warp w of consumer wg supplies row group 4 w + 2 wg + f (wg128h: 2 w + wg; wg128q: 4 w + wg) as
-// the rows of its MMA f (FragRowGroup, epilogue.cuh);
+//     step; wg128h: 64 of 128, one MMA). Per k16 step a consumer dequantizes its A fragments from
+//     shared memory into registers (the "RS" form of wgmma: mma.m16n8k16's A fragment), fences,
+//     issues its MMAs as one group and waits until at most kInFlight groups are in flight. At the
+//     end of a stage's first step the stage before has no MMA left: it goes back to the producer
+//     through the "empty" mbarrier.
+// Warp w of consumer wg supplies row group 4 w + 2 wg + f (wg128h: 2 w + wg) as the rows of its MMA
+// f (FragRowGroup, epilogue.cuh);
 // FC1's epilogue re-arranges the tile through the stages' shared memory (StageFc1).
 //
 // Why bulk copies: cp.async writes shared memory through the generic proxy, which wgmma may read
@@ -59,6 +59,14 @@
 #define MXMOE_DEQUANT_PAIRS_WIDTH 64
 #endif
 
+// 1: each k16 step is dequantized one step ahead of its MMAs (IssueStepAhead), the next 64-wide
+// step's first with the current one's last, in configs with four A register sets; pairs are then
+// not used. mxmoe_wgmma_probe's "both" rows: the MMAs with a dequantization beside them that feeds
+// none ran at 99% of the tensor pipe at 64 and 80 wide, where IssueStep ran at 73-84% (perf-log v29).
+#ifndef MXMOE_DEQUANT_AHEAD
+#define MXMOE_DEQUANT_AHEAD 0
+#endif
+
 namespace mxmoe::cuda::sm90 {
 
 // ---- config -----------------------------------------------------------------------------------
@@ -73,25 +81,22 @@ namespace mxmoe::cuda::sm90 {
 // kRowGroups: the CTA's row groups, a whole block (kBlockRowGroups, 256 rows) or half of one (wg128h:
 // 128 rows, one m64 MMA per consumer, so that two CTAs share an SM and one's epilogue overlaps the
 // other's main loop).
-// kConsumers: consumer warpgroups, 2, or 4 for whole blocks (one m64 MMA each per k16 step: twice
-// the warps dequantizing, each half as much; wg128q).
 template <int kBlockN_, int kStages_, int kInFlight_ = 1, int kCtasPerSm_ = 1, int kStepsPerStage_ = 1,
-          int kRowGroups_ = kBlockRowGroups, int kConsumers_ = 2>
+          int kRowGroups_ = kBlockRowGroups>
 struct WgmmaConfig {
   static constexpr int kCtasPerSm = kCtasPerSm_;
   static constexpr int kStepsPerStage = kStepsPerStage_;
   static constexpr int kRowGroups = kRowGroups_;
   static constexpr int kSplit = kBlockRowGroups / kRowGroups;  // CTAs per row block
   static constexpr int kIdx = kRowGroups * 8;                    // FC1: the CTA's intermediates
-  static constexpr int kConsumers = kConsumers_;
+  static constexpr int kConsumers = 2;                           // consumer warpgroups
   // The producer: a warpgroup of its own (one warp busy) whose registers setmaxnreg hands to the
-  // consumers; or, for half blocks and four consumers, none: consumer thread 0 issues the copies
-  // between its MMAs (ConsumeTile), and no setmaxnreg. ptxas compiles a kernel within its launch
-  // bound: two CTAs of 384 threads per SM allow 80 registers, and ptxas refused the m64n128 MMA with
-  // its operands in them; with a producer warp (288 threads) it got 96 and serialized every wgmma
-  // (C7512: each HGMMA followed by a wait for none in flight); 256 threads get 128, and so do four
-  // consumers' 512.
-  static constexpr bool kInlineProducer = kRowGroups < kBlockRowGroups || kConsumers == 4;
+  // consumers; or, for half blocks, none: consumer thread 0 issues the copies between its MMAs
+  // (ConsumeTile), and no setmaxnreg. ptxas compiles a kernel within its launch bound: two CTAs of 384
+  // threads per SM allow 80 registers, and ptxas refused the m64n128 MMA with its operands in them;
+  // with a producer warp (288 threads) it got 96 and serialized every wgmma (C7512: each HGMMA
+  // followed by a wait for none in flight); 256 threads get 128.
+  static constexpr bool kInlineProducer = kRowGroups < kBlockRowGroups;
   static constexpr int kThreads = 128 * kConsumers + (kInlineProducer ? 0 : 128);
   static constexpr int kMFrags = kRowGroups / 4 / kConsumers;  // m64 MMAs per consumer and k16 step
   static constexpr int kBlockM = kRowGroups * kTileRows;
@@ -127,8 +132,6 @@ struct WgmmaConfig {
   static_assert(kASets == 2 || kASets == 4, "A register sets: a divisor of the 4 k16 steps of a stage");
   static_assert(kSmemBytes <= 227 * 1024, "SM90 shared memory per block");
   static_assert(kRowGroups == kBlockRowGroups || kRowGroups == kBlockRowGroups / 2, "whole or half blocks");
-  static_assert(kConsumers == 2 || (kConsumers == 4 && kRowGroups == kBlockRowGroups),
-                "two consumer warpgroups, or four over a whole block");
   static_assert(kFc1StagedBytes<kBlockN, kIdx> <= kStages * kSmemStage, "FC1's epilogue reuses the stages");
   static_assert(kInlineProducer || 128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= kLaunchRegs * kThreads,
                 "setmaxnreg");
@@ -163,11 +166,11 @@ __device__ __forceinline__ void DequantStep(const uint4 (&frag_a)[kMFrags], cons
 
 // Where this thread's A pieces and scale words lie within a step's tiles, for its kMFrags row
 // groups: computed once a tile. A padding warp (active false) reads a real row group's instead
-// (row group f: rows are padded to 64, so a CTA that runs has at least 4): its MMAs' results are never
-// staged or stored, and the step's loads need no predicate or zeroing (perf-log v29).
+// (row group f: rows are padded to 64, so a CTA that runs has at least 4): its MMAs' results are
+// never staged or stored, and the step's loads need no predicate or zeroing (perf-log v29).
 template <int kMFrags, int kWGs>
-__device__ __forceinline__ void StepFragmentOffsets(int warp, int wg, int lane, bool active,
-                                                    uint32_t (&a_off)[kMFrags], uint32_t (&s_off)[kMFrags]) {
+__device__ __forceinline__ void StepFragmentOffsets(int warp, int wg, int lane, bool active, uint32_t (&a_off)[kMFrags],
+                                                    uint32_t (&s_off)[kMFrags]) {
 #pragma unroll
   for (int f = 0; f < kMFrags; ++f) {
     const int group = active ? FragRowGroup<kMFrags, kWGs>(warp, wg, f) : f;
@@ -230,6 +233,26 @@ __device__ __forceinline__ void IssueStepPair(const uint4 (&frag_a)[kMFrags], co
   clock.TimeMmaWait([] { wgmma::Wait<2>(); });
 }
 
+// Look-ahead order (MXMOE_DEQUANT_AHEAD): step kStep + 1's dequantization into set kStep + 1 of four
+// (for kStep 3, next(): the next 64-wide step's fragments loaded and its step 0 into set 0), then
+// step kStep's MMAs on the set written one step before, at most two groups left in flight: the set
+// written next (that of step kStep - 2) is free again, and at the end of a 64-wide step only its
+// last two steps' MMAs are in flight.
+template <int kMFrags, int kNTiles, int kStep, class Next>
+__device__ __forceinline__ void IssueStepAhead(const uint4 (&frag_a)[kMFrags], const uint32_t (&frag_s)[kMFrags],
+                                               uint32_t (&areg)[4][kMFrags][4], uint64_t desc_b,
+                                               float (&acc)[kMFrags][kNTiles][4], const PhaseClock& clock,
+                                               const Next& next) {
+  if constexpr (kStep < 3) {
+    DequantStep<kMFrags, kStep + 1>(frag_a, frag_s, areg[kStep + 1]);
+  } else {
+    next();
+  }
+  wgmma::Fence();
+  IssueMmaGroup<kMFrags, kNTiles, kStep>(areg[kStep], desc_b, acc);
+  clock.TimeMmaWait([] { wgmma::Wait<2>(); });
+}
+
 // What a consumer thread needs besides its tile width (ConsumerArgsOf).
 struct ConsumerArgs {
   int k_tiles, warp, wg, lane;
@@ -258,8 +281,10 @@ template <class Cfg, int kN, class Tail>
 __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const ConsumerArgs& c,
                                             const TileCopies<Cfg>* copies, const Tail& tail) {
   constexpr int kMFrags = Cfg::kMFrags, kNTiles = kN / 8;
-  // (Pairs need four register sets: with one group in flight, kASets == 2, step by step.)
-  constexpr bool kPairs = kN <= MXMOE_DEQUANT_PAIRS_WIDTH && Cfg::kASets == 4;
+  // (Pairs and the look-ahead need four register sets: with one group in flight, kASets == 2, step
+  // by step.)
+  constexpr bool kAhead = MXMOE_DEQUANT_AHEAD && Cfg::kASets == 4;
+  constexpr bool kPairs = !kAhead && kN <= MXMOE_DEQUANT_PAIRS_WIDTH && Cfg::kASets == 4;
   float acc[kMFrags][kNTiles][4];
   ZeroAccumulators(acc);
   uint32_t areg[Cfg::kASets][kMFrags][4];
@@ -272,7 +297,61 @@ __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const Consu
   if constexpr (Cfg::kInlineProducer) {
     if (issues_copies) copies->IssueFirst(slots, 0);
   }
-  for (int i = 0; i < slots; ++i) {
+  if constexpr (kAhead) {
+    // The steps t = 0 .. k_tiles - 1 in one loop; `at` is step t's place (pipeline slot, its stage
+    // and the parity of the stage's round, the step within the slot) and `nx` step t + 1's. The first
+    // slot is waited for and step 0's first k16 step dequantized before the loop, each later slot
+    // while the step before it is issued (next).
+    struct Place {
+      int slot, s, j;
+      uint32_t parity;
+      __device__ void Advance() {
+        if (++j < Cfg::kStepsPerStage) return;
+        j = 0, ++slot;
+        if (++s == Cfg::kStages) s = 0, parity ^= 1u;
+      }
+    };
+    uint4 frag_a[kMFrags];
+    uint32_t frag_s[kMFrags];
+    auto load = [&](const Place& q) {
+      if (q.j == 0) {
+        if constexpr (Cfg::kInlineProducer) {
+          if (issues_copies) copies->template Refill<2>(q.slot - c.slot0, slots, 0);
+        }
+        sm.WaitLoaded(q.s, q.parity);
+      }
+      LoadStepFragments(sm.A(q.s) + q.j * a_step, sm.Scales(q.s) + q.j * s_step, a_off, s_off, frag_a, frag_s);
+    };
+    Place at{c.slot0, c.slot0 % Cfg::kStages, 0, static_cast<uint32_t>(c.slot0 / Cfg::kStages) & 1u};
+    if (c.k_tiles > 0) {
+      load(at);
+      DequantStep<kMFrags, 0>(frag_a, frag_s, areg[0]);
+    }
+#pragma unroll 1
+    for (int t = 0; t < c.k_tiles; ++t) {
+      Place nx = at;
+      nx.Advance();
+      // NOTE: B rows are 128 bytes and 8-row atoms 1024 bytes apart (the stride-dimension offset).
+      const uint64_t desc_b = wgmma::SmemDescK128(sm.B(at.s, at.j), 1024);
+#pragma unroll
+      for (int f = 0; f < kMFrags; ++f) wgmma::FenceOperand(acc[f]);
+      auto next = [&] {
+        if (t + 1 < c.k_tiles) {
+          load(nx);
+          DequantStep<kMFrags, 0>(frag_a, frag_s, areg[0]);
+        }
+      };
+      auto none = [] {};
+      IssueStepAhead<kMFrags, kNTiles, 0>(frag_a, frag_s, areg, desc_b, acc, sm.clock, none);
+      IssueStepAhead<kMFrags, kNTiles, 1>(frag_a, frag_s, areg, desc_b, acc, sm.clock, none);
+      IssueStepAhead<kMFrags, kNTiles, 2>(frag_a, frag_s, areg, desc_b, acc, sm.clock, none);
+      IssueStepAhead<kMFrags, kNTiles, 3>(frag_a, frag_s, areg, desc_b, acc, sm.clock, next);
+      // Every MMA of the slot before has completed (at most this step's last two are in flight).
+      if (at.j == 0 && t > 0 && c.lane == 0) wgmma::MbarArrive(sm.Empty(at.s == 0 ? Cfg::kStages - 1 : at.s - 1));
+      at = nx;
+    }
+  }
+  for (int i = 0; i < (kAhead ? 0 : slots); ++i) {
     const int slot = c.slot0 + i;
     const int s = slot % Cfg::kStages;
     const int steps = min(Cfg::kStepsPerStage, c.k_tiles - i * Cfg::kStepsPerStage);
@@ -683,21 +762,5 @@ using ConfigWg128Deep3x3 = WgmmaConfig<128, 3, 3, 1, 3>;
 #define MXMOE_WG128H_IN_FLIGHT 3
 #endif
 using ConfigWg128Half = WgmmaConfig<128, MXMOE_WG128H_STAGES, MXMOE_WG128H_IN_FLIGHT, 2, 1, kBlockRowGroups / 2>;
-// A whole block's 256 rows over four consumer warpgroups of one m64 MMA each per k16 step, and no
-// producer threads (512 threads of 128 registers; consumer thread 0 issues the copies), by default
-// 8 stages of one step (200 KB). mxmoe_wgmma_probe measured wg128d3x3's consumers (two warpgroups
-// of two MMAs) on one fixed stage at 85% of the tensor pipe's rate at 80-wide MMAs and 75% at 64
-// (H100); by its instruction counts neither issue nor a pipe was full, so the reading is that the
-// dequantization's dependent instructions, with two consumer warps per scheduler, are what the MMAs
-// wait for. Four warps per scheduler, each with half of them. Forced only
-// (MXMOE_GEMM_CONFIG=wg128q; not yet run on a GPU, perf-log v28).
-// Its stages and steps per stage are build options for the first device A/Bs.
-#ifndef MXMOE_WG128Q_STAGES
-#define MXMOE_WG128Q_STAGES 8
-#endif
-#ifndef MXMOE_WG128Q_STEPS
-#define MXMOE_WG128Q_STEPS 1
-#endif
-using ConfigWg128Quad = WgmmaConfig<128, MXMOE_WG128Q_STAGES, 3, 1, MXMOE_WG128Q_STEPS, kBlockRowGroups, 4>;
 
 }  // namespace mxmoe::cuda::sm90
