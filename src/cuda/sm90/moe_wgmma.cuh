@@ -59,14 +59,6 @@
 #define MXMOE_DEQUANT_PAIRS_WIDTH 64
 #endif
 
-// 1: each k16 step is dequantized one step ahead of its MMAs (IssueStepAhead), the next 64-wide
-// step's first with the current one's last, in configs with four A register sets; pairs are then
-// not used. mxmoe_wgmma_probe's "both" rows: the MMAs with a dequantization beside them that feeds
-// none ran at 99% of the tensor pipe at 64 and 80 wide, where IssueStep ran at 73-84% (perf-log v29).
-#ifndef MXMOE_DEQUANT_AHEAD
-#define MXMOE_DEQUANT_AHEAD 0
-#endif
-
 namespace mxmoe::cuda::sm90 {
 
 // ---- config -----------------------------------------------------------------------------------
@@ -233,26 +225,6 @@ __device__ __forceinline__ void IssueStepPair(const uint4 (&frag_a)[kMFrags], co
   clock.TimeMmaWait([] { wgmma::Wait<2>(); });
 }
 
-// Look-ahead order (MXMOE_DEQUANT_AHEAD): step kStep + 1's dequantization into set kStep + 1 of four
-// (for kStep 3, next(): the next 64-wide step's fragments loaded and its step 0 into set 0), then
-// step kStep's MMAs on the set written one step before, at most two groups left in flight: the set
-// written next (that of step kStep - 2) is free again, and at the end of a 64-wide step only its
-// last two steps' MMAs are in flight.
-template <int kMFrags, int kNTiles, int kStep, class Next>
-__device__ __forceinline__ void IssueStepAhead(const uint4 (&frag_a)[kMFrags], const uint32_t (&frag_s)[kMFrags],
-                                               uint32_t (&areg)[4][kMFrags][4], uint64_t desc_b,
-                                               float (&acc)[kMFrags][kNTiles][4], const PhaseClock& clock,
-                                               const Next& next) {
-  if constexpr (kStep < 3) {
-    DequantStep<kMFrags, kStep + 1>(frag_a, frag_s, areg[kStep + 1]);
-  } else {
-    next();
-  }
-  wgmma::Fence();
-  IssueMmaGroup<kMFrags, kNTiles, kStep>(areg[kStep], desc_b, acc);
-  clock.TimeMmaWait([] { wgmma::Wait<2>(); });
-}
-
 // What a consumer thread needs besides its tile width (ConsumerArgsOf).
 struct ConsumerArgs {
   int k_tiles, warp, wg, lane;
@@ -281,10 +253,8 @@ template <class Cfg, int kN, class Tail>
 __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const ConsumerArgs& c,
                                             const TileCopies<Cfg>* copies, const Tail& tail) {
   constexpr int kMFrags = Cfg::kMFrags, kNTiles = kN / 8;
-  // (Pairs and the look-ahead need four register sets: with one group in flight, kASets == 2, step
-  // by step.)
-  constexpr bool kAhead = MXMOE_DEQUANT_AHEAD && Cfg::kASets == 4;
-  constexpr bool kPairs = !kAhead && kN <= MXMOE_DEQUANT_PAIRS_WIDTH && Cfg::kASets == 4;
+  // (Pairs need four register sets: with one group in flight, kASets == 2, step by step.)
+  constexpr bool kPairs = kN <= MXMOE_DEQUANT_PAIRS_WIDTH && Cfg::kASets == 4;
   float acc[kMFrags][kNTiles][4];
   ZeroAccumulators(acc);
   uint32_t areg[Cfg::kASets][kMFrags][4];
@@ -297,61 +267,7 @@ __device__ __forceinline__ void ConsumeTile(const StageMap<Cfg>& sm, const Consu
   if constexpr (Cfg::kInlineProducer) {
     if (issues_copies) copies->IssueFirst(slots, 0);
   }
-  if constexpr (kAhead) {
-    // The steps t = 0 .. k_tiles - 1 in one loop; `at` is step t's place (pipeline slot, its stage
-    // and the parity of the stage's round, the step within the slot) and `nx` step t + 1's. The first
-    // slot is waited for and step 0's first k16 step dequantized before the loop, each later slot
-    // while the step before it is issued (next).
-    struct Place {
-      int slot, s, j;
-      uint32_t parity;
-      __device__ void Advance() {
-        if (++j < Cfg::kStepsPerStage) return;
-        j = 0, ++slot;
-        if (++s == Cfg::kStages) s = 0, parity ^= 1u;
-      }
-    };
-    uint4 frag_a[kMFrags];
-    uint32_t frag_s[kMFrags];
-    auto load = [&](const Place& q) {
-      if (q.j == 0) {
-        if constexpr (Cfg::kInlineProducer) {
-          if (issues_copies) copies->template Refill<2>(q.slot - c.slot0, slots, 0);
-        }
-        sm.WaitLoaded(q.s, q.parity);
-      }
-      LoadStepFragments(sm.A(q.s) + q.j * a_step, sm.Scales(q.s) + q.j * s_step, a_off, s_off, frag_a, frag_s);
-    };
-    Place at{c.slot0, c.slot0 % Cfg::kStages, 0, static_cast<uint32_t>(c.slot0 / Cfg::kStages) & 1u};
-    if (c.k_tiles > 0) {
-      load(at);
-      DequantStep<kMFrags, 0>(frag_a, frag_s, areg[0]);
-    }
-#pragma unroll 1
-    for (int t = 0; t < c.k_tiles; ++t) {
-      Place nx = at;
-      nx.Advance();
-      // NOTE: B rows are 128 bytes and 8-row atoms 1024 bytes apart (the stride-dimension offset).
-      const uint64_t desc_b = wgmma::SmemDescK128(sm.B(at.s, at.j), 1024);
-#pragma unroll
-      for (int f = 0; f < kMFrags; ++f) wgmma::FenceOperand(acc[f]);
-      auto next = [&] {
-        if (t + 1 < c.k_tiles) {
-          load(nx);
-          DequantStep<kMFrags, 0>(frag_a, frag_s, areg[0]);
-        }
-      };
-      auto none = [] {};
-      IssueStepAhead<kMFrags, kNTiles, 0>(frag_a, frag_s, areg, desc_b, acc, sm.clock, none);
-      IssueStepAhead<kMFrags, kNTiles, 1>(frag_a, frag_s, areg, desc_b, acc, sm.clock, none);
-      IssueStepAhead<kMFrags, kNTiles, 2>(frag_a, frag_s, areg, desc_b, acc, sm.clock, none);
-      IssueStepAhead<kMFrags, kNTiles, 3>(frag_a, frag_s, areg, desc_b, acc, sm.clock, next);
-      // Every MMA of the slot before has completed (at most this step's last two are in flight).
-      if (at.j == 0 && t > 0 && c.lane == 0) wgmma::MbarArrive(sm.Empty(at.s == 0 ? Cfg::kStages - 1 : at.s - 1));
-      at = nx;
-    }
-  }
-  for (int i = 0; i < (kAhead ? 0 : slots); ++i) {
+  for (int i = 0; i < slots; ++i) {
     const int slot = c.slot0 + i;
     const int s = slot % Cfg::kStages;
     const int steps = min(Cfg::kStepsPerStage, c.k_tiles - i * Cfg::kStepsPerStage);

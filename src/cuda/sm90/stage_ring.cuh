@@ -59,10 +59,6 @@ struct StageMap {
   __device__ void WaitLoaded(int slot) const {
     clock.Time([&] { wgmma::MbarWait(Full(slot % Cfg::kStages), (slot / Cfg::kStages) & 1); });
   }
-  // The same for a slot given as its stage and round parity (kept by a loop that steps through them).
-  __device__ void WaitLoaded(int s, uint32_t parity) const {
-    clock.Time([&] { wgmma::MbarWait(Full(s), parity); });
-  }
   __device__ void WaitFree(int slot) const {
     if (slot >= Cfg::kStages)
       clock.Time([&] { wgmma::MbarWait(Empty(slot % Cfg::kStages), (slot / Cfg::kStages - 1) & 1); });
