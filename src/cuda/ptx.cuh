@@ -195,7 +195,7 @@ __device__ __forceinline__ uint32_t MulBf16x2(uint32_t a, uint32_t b) {
 
 // Bytes j and j + 1 (j even) of v as bf16 exponent bits, byte j in the low half and j + 1 in the
 // high: the bf16x2 value (2^(b_j - 127), 2^(b_j+1 - 127)). One PRMT and one shift for two scales,
-// which MulBf16x2Lo / MulBf16x2Hi broadcast.
+// which MulBf16x2Half broadcasts.
 template <int kByte>
 __device__ __forceinline__ uint32_t ScalePairBf16x2(uint32_t v) {
   static_assert(kByte == 0 || kByte == 2);
