@@ -44,11 +44,14 @@ constexpr int kFlopPerSmCycle = 4096;  // dense bf16, H100 / H200 SXM
 //   both: mma's MMAs while the step's dequantization runs beside them into registers no MMA reads
 //     (what the two cost together without the dependency between them);
 //   deq / decode: the dequantization alone, with / without the scale multiplications, no MMA;
-//   alu / imad / ffma: mma's MMAs with kOps independent LOP3 / IMAD / FFMA per warp beside them.
+//   alu / imad / ffma: mma's MMAs with kOps independent LOP3 / IMAD / FFMA per warp beside them;
+//   rewrite: mma's MMAs, each step's A registers written again right before them from a copy of
+//     the fixed ones (one LOP3 each with a run-time zero): the writes the MMAs read without the
+//     arithmetic (added after perf-log v29's runs; not yet run).
 // The results of both, deq and decode are folded into one word (Fold: 2 LOP3 per m64 fragment).
-enum Mode : int { kMma, kStep, kPair, kAhead, kRaw, kBoth, kDeq, kDecode, kAlu, kImad, kFfma };
-const char* const kModeNames[] = {"mma", "step",   "pair", "ahead", "raw", "both",
-                                  "deq", "decode", "alu",  "imad",  "ffma"};
+enum Mode : int { kMma, kStep, kPair, kAhead, kRaw, kBoth, kDeq, kDecode, kAlu, kImad, kFfma, kRewrite };
+const char* const kModeNames[] = {"mma", "step",   "pair", "ahead", "raw",  "both",
+                                  "deq", "decode", "alu",  "imad",  "ffma", "rewrite"};
 
 template <int kMFrags>
 __device__ __forceinline__ void Fold(const uint32_t (&a)[kMFrags][4], uint32_t& fold) {
@@ -97,7 +100,8 @@ __global__ void __launch_bounds__(256, 1) ProbeKernel(const ProbeArgs args) {
   constexpr int kWGs = 2, kThreads = 128 * kWGs;
   constexpr int kMFrags = 4 / kWGs, kNTiles = kN / 8, kASets = Cfg::kASets;
   static_assert(kASets == 4, "a register set per k16 step of a 64-wide step");
-  constexpr bool kFixedA = kMode == kMma || kMode == kBoth || kMode == kAlu || kMode == kImad || kMode == kFfma;
+  constexpr bool kFixedA =
+      kMode == kMma || kMode == kBoth || kMode == kAlu || kMode == kImad || kMode == kFfma || kMode == kRewrite;
   constexpr bool kMmas = kMode != kDeq && kMode != kDecode;
   // B: 128 token rows of 64 bf16 (the 128-byte swizzle's atoms need 1024-byte alignment); A: one
   // step of a 256-row block's prepacked tiles and their scales.
@@ -135,6 +139,13 @@ __global__ void __launch_bounds__(256, 1) ProbeKernel(const ProbeArgs args) {
   uint32_t x[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) x[i] = static_cast<uint32_t>(tid * (i + 1));
+  uint32_t fixed[kASets][kMFrags][4];  // rewrite: the sets the MMAs' registers are written from
+#pragma unroll
+  for (int k = 0; k < kASets; ++k)
+#pragma unroll
+    for (int f = 0; f < kMFrags; ++f)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) fixed[k][f][i] = areg[k][f][i];
 
   float sum = 0.0f;
   uint32_t fold = 0;
@@ -183,6 +194,12 @@ __global__ void __launch_bounds__(256, 1) ProbeKernel(const ProbeArgs args) {
           Fold(tmp, fold);
         }
         if constexpr (kMode == kAlu || kMode == kImad || kMode == kFfma) Filler<kMode, kOps>(x);
+        if constexpr (kMode == kRewrite) {
+#pragma unroll
+          for (int f = 0; f < kMFrags; ++f)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) areg[kS][f][i] = fixed[kS][f][i] ^ static_cast<uint32_t>(args.zero);
+        }
         wg::Fence();
         sm90::IssueMmaGroup<kMFrags, kNTiles, kS>(areg[kS], desc_b, acc);
         wg::Wait<kASets - 1>();
@@ -242,6 +259,7 @@ void AddWidth(std::vector<Row>& rows) {
   rows.push_back({kN, kAlu, 32, ProbeKernel<kN, kAlu, 32>});
   rows.push_back({kN, kImad, 16, ProbeKernel<kN, kImad, 16>});
   rows.push_back({kN, kFfma, 16, ProbeKernel<kN, kFfma, 16>});
+  rows.push_back({kN, kRewrite, 0, ProbeKernel<kN, kRewrite, 0>});
 }
 
 }  // namespace
