@@ -246,20 +246,22 @@ struct Row {
   void (*kernel)(ProbeArgs);
 };
 
+// One row per mode (no filler operations), and one per filler count of a filler mode.
+template <int kN, int... kModes>
+void AddModes(std::vector<Row>& rows) {
+  (rows.push_back({kN, kModes, 0, ProbeKernel<kN, kModes, 0>}), ...);
+}
+template <int kN, int kMode, int... kOps>
+void AddFillers(std::vector<Row>& rows) {
+  (rows.push_back({kN, kMode, kOps, ProbeKernel<kN, kMode, kOps>}), ...);
+}
+
 template <int kN>
 void AddWidth(std::vector<Row>& rows) {
-  rows.push_back({kN, kMma, 0, ProbeKernel<kN, kMma, 0>});
-  rows.push_back({kN, kStep, 0, ProbeKernel<kN, kStep, 0>});
-  rows.push_back({kN, kPair, 0, ProbeKernel<kN, kPair, 0>});
-  rows.push_back({kN, kAhead, 0, ProbeKernel<kN, kAhead, 0>});
-  rows.push_back({kN, kRaw, 0, ProbeKernel<kN, kRaw, 0>});
-  rows.push_back({kN, kBoth, 0, ProbeKernel<kN, kBoth, 0>});
-  rows.push_back({kN, kAlu, 8, ProbeKernel<kN, kAlu, 8>});
-  rows.push_back({kN, kAlu, 16, ProbeKernel<kN, kAlu, 16>});
-  rows.push_back({kN, kAlu, 32, ProbeKernel<kN, kAlu, 32>});
-  rows.push_back({kN, kImad, 16, ProbeKernel<kN, kImad, 16>});
-  rows.push_back({kN, kFfma, 16, ProbeKernel<kN, kFfma, 16>});
-  rows.push_back({kN, kRewrite, 0, ProbeKernel<kN, kRewrite, 0>});
+  AddModes<kN, kMma, kStep, kPair, kAhead, kRaw, kBoth, kRewrite>(rows);
+  AddFillers<kN, kAlu, 8, 16, 32>(rows);
+  AddFillers<kN, kImad, 16>(rows);
+  AddFillers<kN, kFfma, 16>(rows);
 }
 
 }  // namespace
