@@ -63,10 +63,7 @@ __device__ __forceinline__ void Fold(const uint32_t (&a)[kMFrags][4], uint32_t& 
 template <int kMFrags, int kStep>
 __device__ __forceinline__ void DecodeStep(const uint4 (&frag_a)[kMFrags], uint32_t (&a)[kMFrags][4]) {
 #pragma unroll
-  for (int f = 0; f < kMFrags; ++f) {
-    const uint32_t word = kStep == 0 ? frag_a[f].x : kStep == 1 ? frag_a[f].y : kStep == 2 ? frag_a[f].z : frag_a[f].w;
-    mxmoe::cuda::DecodeWord(word, a[f]);
-  }
+  for (int f = 0; f < kMFrags; ++f) mxmoe::cuda::DecodeWord(sm90::WordOf(frag_a[f], kStep), a[f]);
 }
 
 // kOps independent operations of one kind, spread over 8 dependency chains.
@@ -121,6 +118,7 @@ __global__ void __launch_bounds__(256, 1) ProbeKernel(const ProbeArgs args) {
   const uint64_t desc_b = wg::SmemDescK128(ptx::SmemAddr(smem_b), 1024);
   const sm90::PhaseClock clock{};
   uint32_t areg[kASets][kMFrags][4];
+  uint32_t fixed[kASets][kMFrags][4];  // rewrite: the sets the MMAs' registers are written from
   uint4 frag_a[kMFrags];
   uint32_t frag_s[kMFrags];
   uint32_t a_off[kMFrags], s_off[kMFrags];
@@ -135,21 +133,21 @@ __global__ void __launch_bounds__(256, 1) ProbeKernel(const ProbeArgs args) {
     sm90::DequantStep<kMFrags, 1>(frag_a, frag_s, areg[1]);
     sm90::DequantStep<kMFrags, 2>(frag_a, frag_s, areg[2]);
     sm90::DequantStep<kMFrags, 3>(frag_a, frag_s, areg[3]);
+    if constexpr (kMode == kRewrite) {
+#pragma unroll
+      for (int k = 0; k < kASets; ++k)
+#pragma unroll
+        for (int f = 0; f < kMFrags; ++f)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) fixed[k][f][i] = areg[k][f][i];
+    }
   }
   uint32_t x[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) x[i] = static_cast<uint32_t>(tid * (i + 1));
-  uint32_t fixed[kASets][kMFrags][4];  // rewrite: the sets the MMAs' registers are written from
-#pragma unroll
-  for (int k = 0; k < kASets; ++k)
-#pragma unroll
-    for (int f = 0; f < kMFrags; ++f)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) fixed[k][f][i] = areg[k][f][i];
 
   float sum = 0.0f;
   uint32_t fold = 0;
-  int cur_step = 0;
   const long long t0 = clock64();
   for (int tile = 0; tile < args.tiles; ++tile) {
     float acc[kMFrags][kNTiles][4];
@@ -158,8 +156,8 @@ __global__ void __launch_bounds__(256, 1) ProbeKernel(const ProbeArgs args) {
       load_frags(0);
       sm90::DequantStep<kMFrags, 0>(frag_a, frag_s, areg[0]);
     }
-    // One k16 step of the mode.
-    auto k16 = [&](auto step_constant) {
+    // k16 step kS of 64-wide step `step` in the mode.
+    auto k16 = [&](auto step_constant, int step) {
       constexpr int kS = decltype(step_constant)::value;
       if constexpr (kMode == kStep) {
         sm90::IssueStep<kMFrags, kNTiles, kS, kASets>(frag_a, frag_s, areg, desc_b, acc, clock);
@@ -171,7 +169,7 @@ __global__ void __launch_bounds__(256, 1) ProbeKernel(const ProbeArgs args) {
         if constexpr (kS < 3) {
           sm90::DequantStep<kMFrags, kS + 1>(frag_a, frag_s, areg[kS + 1]);
         } else {
-          load_frags(cur_step + 1);
+          load_frags(step + 1);
           sm90::DequantStep<kMFrags, 0>(frag_a, frag_s, areg[0]);
         }
         wg::Fence();
@@ -207,14 +205,13 @@ __global__ void __launch_bounds__(256, 1) ProbeKernel(const ProbeArgs args) {
     };
 #pragma unroll 1
     for (int step = 0; step < kSteps; ++step) {
-      cur_step = step;
       if constexpr (!kFixedA && kMode != kAhead) load_frags(step);
 #pragma unroll
       for (int f = 0; f < kMFrags; ++f) wg::FenceOperand(acc[f]);
-      k16(std::integral_constant<int, 0>{});
-      k16(std::integral_constant<int, 1>{});
-      k16(std::integral_constant<int, 2>{});
-      k16(std::integral_constant<int, 3>{});
+      k16(std::integral_constant<int, 0>{}, step);
+      k16(std::integral_constant<int, 1>{}, step);
+      k16(std::integral_constant<int, 2>{}, step);
+      k16(std::integral_constant<int, 3>{}, step);
     }
     if constexpr (kMmas) {
       wg::Wait<0>();

@@ -204,22 +204,17 @@ __device__ __forceinline__ uint32_t ScalePairBf16x2(uint32_t v) {
 }
 
 // MulBf16x2 by the low (kHigh false) or high half of b in both halves: ptxas puts the broadcast on
-// the multiplication's operand (HMUL2 ... R.H0_H0 / R.H1_H1), no instruction of its own.
+// the multiplication's operand (HMUL2 ... R.H0_H0 / R.H1_H1), no instruction of its own (a PRMT
+// broadcast stays a PRMT).
 template <bool kHigh>
 __device__ __forceinline__ uint32_t MulBf16x2Half(uint32_t a, uint32_t b) {
-  uint32_t d;
+  uint32_t both;
   if constexpr (kHigh) {
-    asm("{\n.reg .b16 l, h;\n.reg .b32 s;\nmov.b32 {l, h}, %2;\nmov.b32 s, {h, h};\n"
-        "fma.rn.bf16x2 %0, %1, s, %3;\n}\n"
-        : "=r"(d)
-        : "r"(a), "r"(b), "r"(0x80008000u));
+    asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %1;\nmov.b32 %0, {h, h};\n}\n" : "=r"(both) : "r"(b));
   } else {
-    asm("{\n.reg .b16 l, h;\n.reg .b32 s;\nmov.b32 {l, h}, %2;\nmov.b32 s, {l, l};\n"
-        "fma.rn.bf16x2 %0, %1, s, %3;\n}\n"
-        : "=r"(d)
-        : "r"(a), "r"(b), "r"(0x80008000u));
+    asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %1;\nmov.b32 %0, {l, l};\n}\n" : "=r"(both) : "r"(b));
   }
-  return d;
+  return MulBf16x2(a, both);
 }
 
 }  // namespace mxmoe::cuda::ptx

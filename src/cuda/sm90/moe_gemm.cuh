@@ -27,6 +27,7 @@
 #include "cuda/launch_util.cuh"
 #include "cuda/moe_kernels.h"
 #include "cuda/ptx.cuh"
+#include "cuda/sm90/dequant.cuh"
 #include "cuda/sm90/epilogue.cuh"
 #include "cuda/sm90/phase_timing.cuh"
 #include "cuda/sm90/stage_ring.cuh"
@@ -103,10 +104,6 @@ struct GemmConfig {
 };
 
 // ---- device pieces ----------------------------------------------------------------------------
-__device__ __forceinline__ uint32_t WordOf(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
 // Half of a 64-wide step: k16 steps 2*kHalf and 2*kHalf+1, which share the 32-block kHalf, on the
 // first kNT 8-token MMA tiles.
 template <class Cfg, int kHalf, int kNT>
@@ -128,12 +125,8 @@ __device__ __forceinline__ void ComputeHalfStep(const uint4 (&frag_a)[Cfg::kMFra
     const uint32_t scales = ptx::ScalePairBf16x2<2 * kHalf>(frag_s[f]);  // rows g (low), g + 8 (high)
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
-      uint32_t raw[4], a[4];
-      DecodeWord(WordOf(frag_a[f], 2 * kHalf + s), raw);
-      a[0] = ptx::MulBf16x2Half<false>(raw[0], scales);
-      a[1] = ptx::MulBf16x2Half<true>(raw[1], scales);
-      a[2] = ptx::MulBf16x2Half<false>(raw[2], scales);
-      a[3] = ptx::MulBf16x2Half<true>(raw[3], scales);
+      uint32_t a[4];
+      DequantWord(WordOf(frag_a[f], 2 * kHalf + s), scales, a);
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt)
         ptx::MmaBf16(acc[f][nt], a, frag_b[nt][2 * s], frag_b[nt][2 * s + 1]);

@@ -43,6 +43,7 @@
 #include "cuda/launch_util.cuh"
 #include "cuda/moe_kernels.h"
 #include "cuda/ptx.cuh"
+#include "cuda/sm90/dequant.cuh"
 #include "cuda/sm90/epilogue.cuh"
 #include "cuda/sm90/phase_timing.cuh"
 #include "cuda/sm90/stage_ring.cuh"
@@ -144,16 +145,8 @@ __device__ __forceinline__ void DequantStep(const uint4 (&frag_a)[kMFrags], cons
                                             uint32_t (&a)[kMFrags][4]) {
   constexpr int kHalf = kStep / 2;  // the 32-block of the 64-wide step
 #pragma unroll
-  for (int f = 0; f < kMFrags; ++f) {
-    const uint32_t word = kStep == 0 ? frag_a[f].x : kStep == 1 ? frag_a[f].y : kStep == 2 ? frag_a[f].z : frag_a[f].w;
-    const uint32_t scales = ptx::ScalePairBf16x2<2 * kHalf>(frag_s[f]);  // rows g (low), g + 8 (high)
-    uint32_t raw[4];
-    DecodeWord(word, raw);
-    a[f][0] = ptx::MulBf16x2Half<false>(raw[0], scales);
-    a[f][1] = ptx::MulBf16x2Half<true>(raw[1], scales);
-    a[f][2] = ptx::MulBf16x2Half<false>(raw[2], scales);
-    a[f][3] = ptx::MulBf16x2Half<true>(raw[3], scales);
-  }
+  for (int f = 0; f < kMFrags; ++f)
+    DequantWord(WordOf(frag_a[f], kStep), ptx::ScalePairBf16x2<2 * kHalf>(frag_s[f]), a[f]);
 }
 
 // Where this thread's A pieces and scale words lie within a step's tiles, for its kMFrags row
