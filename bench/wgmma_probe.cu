@@ -42,16 +42,53 @@ constexpr int kFlopPerSmCycle = 4096;  // dense bf16, H100 / H200 SXM
 //     flight), so that no MMA waits for registers written just before it;
 //   raw: IssueStep without the scale multiplications (DecodeWord's bits go to the MMAs);
 //   both: mma's MMAs while the step's dequantization runs beside them into registers no MMA reads
-//     (what the two cost together without the dependency between them);
+//     (what the two cost together without the dependency between them; until perf-log v30 its
+//     loads were outside the loop, so ptxas took the dequantization out of it too);
 //   deq / decode: the dequantization alone, with / without the scale multiplications, no MMA;
 //   alu / imad / ffma: mma's MMAs with kOps independent LOP3 / IMAD / FFMA per warp beside them;
 //   rewrite: mma's MMAs, each step's A registers written again right before them from a copy of
 //     the fixed ones (one LOP3 each with a run-time zero): the writes the MMAs read without the
-//     arithmetic (added after perf-log v29's runs; not yet run).
+//     arithmetic (perf-log v30: as fast as mma);
+//   pre: each 64-wide step's four k16 words decoded (DecodeWord) right after its loads, so that a
+//     k16 step's chain before its MMAs is only the scale multiplications (ScaleDecoded);
+//   wait1 / wait0: step with at most 1 / 0 of the warpgroup's MMA groups left in flight after each
+//     issue (instead of 3);
+//   split: warpgroup 0 issues mma's MMAs alone while warpgroup 1 runs 32 independent LOP3 per k16
+//     step and no MMA (does an MMA waiting to issue hold up the other warps of its scheduler?);
+//     solo / fill: only warpgroup 0's MMAs / only warpgroup 1's LOP3, split's two halves alone;
+//     split0 / solo0: split / solo with warpgroup 0 waiting for each MMA group before the next (no
+//     MMA waits to be issued behind another);
+//   sync / syncpair: step / pair with the two warpgroups meeting at a named barrier after each
+//     dequantization, before its MMAs are issued (so that both dequantize at once and then issue
+//     one after the other).
 // The results of both, deq and decode are folded into one word (Fold: 2 LOP3 per m64 fragment).
-enum Mode : int { kMma, kStep, kPair, kAhead, kRaw, kBoth, kDeq, kDecode, kAlu, kImad, kFfma, kRewrite };
-const char* const kModeNames[] = {"mma", "step",   "pair", "ahead", "raw",  "both",
-                                  "deq", "decode", "alu",  "imad",  "ffma", "rewrite"};
+enum Mode : int {
+  kMma,
+  kStep,
+  kPair,
+  kAhead,
+  kRaw,
+  kBoth,
+  kDeq,
+  kDecode,
+  kAlu,
+  kImad,
+  kFfma,
+  kRewrite,
+  kPre,
+  kWait1,
+  kWait0,
+  kSplit,
+  kSolo,
+  kFill,
+  kSync,
+  kSyncPair,
+  kSplit0,
+  kSolo0
+};
+const char* const kModeNames[] = {"mma",  "step", "pair", "ahead",    "raw",    "both",  "deq",   "decode",
+                                  "alu",  "imad", "ffma", "rewrite",  "pre",    "wait1", "wait0", "split",
+                                  "solo", "fill", "sync", "syncpair", "split0", "solo0"};
 
 template <int kMFrags>
 __device__ __forceinline__ void Fold(const uint32_t (&a)[kMFrags][4], uint32_t& fold) {
@@ -85,7 +122,8 @@ __device__ __forceinline__ void Filler(uint32_t (&x)[8]) {
 struct ProbeArgs {
   int tiles;          // tiles per CTA, kSteps steps each
   int zero;           // 0, unknown to the compiler: the A loads' addresses vary with the step
-  long long* cycles;  // per CTA: clock64 cycles of consumer thread 0 over all tiles
+  unsigned long long* cycles;  // per CTA (zeroed before the launch): the clock64 cycles of the slower
+                               // warpgroup's thread 0 over all tiles
   float* sink;        // written only if the accumulators' sum is a NaN (keeps them live)
 };
 
@@ -97,8 +135,9 @@ __global__ void __launch_bounds__(256, 1) ProbeKernel(const ProbeArgs args) {
   constexpr int kWGs = 2, kThreads = 128 * kWGs;
   constexpr int kMFrags = 4 / kWGs, kNTiles = kN / 8, kASets = Cfg::kASets;
   static_assert(kASets == 4, "a register set per k16 step of a 64-wide step");
-  constexpr bool kFixedA =
-      kMode == kMma || kMode == kBoth || kMode == kAlu || kMode == kImad || kMode == kFfma || kMode == kRewrite;
+  constexpr bool kFixedA = kMode == kMma || kMode == kBoth || kMode == kAlu || kMode == kImad || kMode == kFfma ||
+                           kMode == kRewrite || kMode == kSplit || kMode == kSolo || kMode == kFill ||
+                           kMode == kSplit0 || kMode == kSolo0;
   constexpr bool kMmas = kMode != kDeq && kMode != kDecode;
   // B: 128 token rows of 64 bf16 (the 128-byte swizzle's atoms need 1024-byte alignment); A: one
   // step of a 256-row block's prepacked tiles and their scales.
@@ -146,9 +185,11 @@ __global__ void __launch_bounds__(256, 1) ProbeKernel(const ProbeArgs args) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) x[i] = static_cast<uint32_t>(tid * (i + 1));
 
+  uint32_t raw[4][kMFrags][4];  // pre: the 64-wide step's decoded words
   float sum = 0.0f;
   uint32_t fold = 0;
-  const long long t0 = clock64();
+  long long t0;
+  asm volatile("mov.u64 %0, %%clock64;" : "=l"(t0)::"memory");
   for (int tile = 0; tile < args.tiles; ++tile) {
     float acc[kMFrags][kNTiles][4];
     sm90::ZeroAccumulators(acc);
@@ -175,6 +216,42 @@ __global__ void __launch_bounds__(256, 1) ProbeKernel(const ProbeArgs args) {
         wg::Fence();
         sm90::IssueMmaGroup<kMFrags, kNTiles, kS>(areg[kS], desc_b, acc);
         wg::Wait<2>();
+      } else if constexpr (kMode == kSync) {
+        sm90::DequantStep<kMFrags, kS>(frag_a, frag_s, areg[kS]);
+        ptx::NamedBarrierSync(1, kThreads);
+        wg::Fence();
+        sm90::IssueMmaGroup<kMFrags, kNTiles, kS>(areg[kS], desc_b, acc);
+        wg::Wait<kASets - 1>();
+      } else if constexpr (kMode == kSyncPair) {
+        if constexpr (kS % 2 == 0) {
+          sm90::DequantStep<kMFrags, kS>(frag_a, frag_s, areg[kS]);
+          sm90::DequantStep<kMFrags, kS + 1>(frag_a, frag_s, areg[kS + 1]);
+          ptx::NamedBarrierSync(1, kThreads);
+          wg::Fence();
+          sm90::IssueMmaGroup<kMFrags, kNTiles, kS>(areg[kS], desc_b, acc);
+          sm90::IssueMmaGroup<kMFrags, kNTiles, kS + 1>(areg[kS + 1], desc_b, acc);
+          wg::Wait<2>();
+        }
+      } else if constexpr (kMode == kPre) {
+#pragma unroll
+        for (int f = 0; f < kMFrags; ++f)
+          sm90::ScaleDecoded(raw[kS][f], ptx::ScalePairBf16x2<2 * (kS / 2)>(frag_s[f]), areg[kS][f]);
+        wg::Fence();
+        sm90::IssueMmaGroup<kMFrags, kNTiles, kS>(areg[kS], desc_b, acc);
+        wg::Wait<kASets - 1>();
+      } else if constexpr (kMode == kWait1 || kMode == kWait0) {
+        sm90::DequantStep<kMFrags, kS>(frag_a, frag_s, areg[kS]);
+        wg::Fence();
+        sm90::IssueMmaGroup<kMFrags, kNTiles, kS>(areg[kS], desc_b, acc);
+        wg::Wait<kMode == kWait1 ? 1 : 0>();
+      } else if constexpr (kMode == kSplit || kMode == kSolo || kMode == kFill || kMode == kSplit0 || kMode == kSolo0) {
+        if (wgi == 0 && kMode != kFill) {
+          wg::Fence();
+          sm90::IssueMmaGroup<kMFrags, kNTiles, kS>(areg[kS], desc_b, acc);
+          wg::Wait<(kMode == kSplit0 || kMode == kSolo0) ? 0 : kASets - 1>();
+        } else if (wgi == 1 && kMode != kSolo && kMode != kSolo0) {
+          Filler<kAlu, 32>(x);
+        }
       } else if constexpr (kMode == kDeq || kMode == kDecode) {
         uint32_t tmp[kMFrags][4];
         if constexpr (kMode == kDeq) {
@@ -205,7 +282,13 @@ __global__ void __launch_bounds__(256, 1) ProbeKernel(const ProbeArgs args) {
     };
 #pragma unroll 1
     for (int step = 0; step < kSteps; ++step) {
-      if constexpr (!kFixedA && kMode != kAhead) load_frags(step);
+      if constexpr ((!kFixedA || kMode == kBoth) && kMode != kAhead) load_frags(step);
+      if constexpr (kMode == kPre) {
+        DecodeStep<kMFrags, 0>(frag_a, raw[0]);
+        DecodeStep<kMFrags, 1>(frag_a, raw[1]);
+        DecodeStep<kMFrags, 2>(frag_a, raw[2]);
+        DecodeStep<kMFrags, 3>(frag_a, raw[3]);
+      }
 #pragma unroll
       for (int f = 0; f < kMFrags; ++f) wg::FenceOperand(acc[f]);
       k16(std::integral_constant<int, 0>{}, step);
@@ -223,8 +306,10 @@ __global__ void __launch_bounds__(256, 1) ProbeKernel(const ProbeArgs args) {
         for (int nt = 0; nt < kNTiles; ++nt) sum += acc[f][nt][0] + acc[f][nt][3];
     }
   }
-  const long long t1 = clock64();
-  if (tid == 0) args.cycles[blockIdx.x] = t1 - t0;
+  long long t1;
+  asm volatile("mov.u64 %0, %%clock64;" : "=l"(t1)::"memory");
+  // Each warpgroup's own time, the larger kept (split, solo, fill: the two do different work).
+  if (tid % 128 == 0) atomicMax(&args.cycles[blockIdx.x], static_cast<unsigned long long>(t1 - t0));
 #pragma unroll
   for (int i = 0; i < 8; ++i) fold ^= x[i];
   if (sum != sum || fold == 0x7F7F7F7Fu) args.sink[0] = sum + static_cast<float>(fold);
@@ -255,7 +340,8 @@ void AddFillers(std::vector<Row>& rows) {
 
 template <int kN>
 void AddWidth(std::vector<Row>& rows) {
-  AddModes<kN, kMma, kStep, kPair, kAhead, kRaw, kBoth, kRewrite>(rows);
+  AddModes<kN, kMma, kStep, kPair, kAhead, kRaw, kBoth, kRewrite, kPre, kWait1, kWait0, kSplit, kSolo, kFill, kSync,
+           kSyncPair, kSplit0, kSolo0>(rows);
   AddFillers<kN, kAlu, 8, 16, 32>(rows);
   AddFillers<kN, kImad, 16>(rows);
   AddFillers<kN, kFfma, 16>(rows);
@@ -280,9 +366,9 @@ int main(int argc, char** argv) {
   Check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "SM count");
   cudaDeviceProp prop{};
   Check(cudaGetDeviceProperties(&prop, device), "device properties");
-  long long* cycles = nullptr;
+  unsigned long long* cycles = nullptr;
   float* sink = nullptr;
-  Check(cudaMalloc(&cycles, sms * sizeof(long long)), "allocating the cycle counts");
+  Check(cudaMalloc(&cycles, sms * sizeof(unsigned long long)), "allocating the cycle counts");
   Check(cudaMalloc(&sink, sizeof(float)), "allocating the sink");
   cudaEvent_t e0, e1;
   Check(cudaEventCreate(&e0), "event");
@@ -303,9 +389,10 @@ int main(int argc, char** argv) {
               "%pipe");
   for (const Row& row : rows) {
     std::vector<float> us;
-    std::vector<long long> per_cta(sms);
+    std::vector<unsigned long long> per_cta(sms);
     std::vector<double> clk;
     for (int r = -2; r < reps; ++r) {
+      Check(cudaMemset(cycles, 0, sms * sizeof(unsigned long long)), "zeroing the cycle counts");
       Check(cudaEventRecord(e0), "record");
       row.kernel<<<sms, 256>>>(ProbeArgs{tiles, 0, cycles, sink});
       Check(cudaEventRecord(e1), "record");
@@ -314,7 +401,8 @@ int main(int argc, char** argv) {
       Check(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
       if (r < 0) continue;
       us.push_back(ms * 1e3f);
-      Check(cudaMemcpy(per_cta.data(), cycles, sms * sizeof(long long), cudaMemcpyDeviceToHost), "cycle counts");
+      Check(cudaMemcpy(per_cta.data(), cycles, sms * sizeof(unsigned long long), cudaMemcpyDeviceToHost),
+            "cycle counts");
       clk.push_back(static_cast<double>(Median(per_cta)) / (static_cast<double>(tiles) * kSteps * 4));
     }
     const double t = Median(us);

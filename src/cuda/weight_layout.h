@@ -9,8 +9,9 @@
 //   lane = 4 * g + c (g = groupID, c = threadID_in_group); 32-bit word ks (0..3) holds
 //     reg 0: row g,     k = 16 ks + 2c, +1        reg 1: row g + 8, same k
 //     reg 2: row g,     k = 16 ks + 2c + 8, +9    reg 3: row g + 8, same k
-//   each reg two E2M1 codes (low half = even k), their bits placed so that a shift and a mask
-//   (a shift, two masks and a multiplication for reg 3) turn them into bf16 bits (see DecodeWord).
+//   each reg two E2M1 codes (low half = even k), their bits placed so that a shift or rotation and
+//   a mask (for reg 3 the rotation of reg 2, two masks and a multiplication) turn them into bf16
+//   bits (see DecodeWord).
 // Beside each tile, 32 bytes of scales: word g = the UE8M0-derived exponents of (row g, block 0),
 // (row g + 8, block 0), (row g, block 1), (row g + 8, block 1) of the tile's two 32-blocks.
 //
@@ -84,17 +85,20 @@ MXMOE_HD int ScaleShiftFor(int b_max) { return b_max > 128 ? b_max - 128 : 0; }
 
 // Bit positions of (sign, e1, e0, m) of the code in register `reg`, half `hi` of a packed word.
 // reg 0 is bf16 bits as they stand (sign 15, exponent bits 8..7, mantissa bit 6); regs 1 and 2
-// sit 3 and 6 bits lower; reg 3 fills the four bits left over in each half (14, 13, 11, 10), in
-// the order that lets DecodeWord move all four with one multiplication (see there).
+// sit 3 and 6 bits lower; reg 3 fills the four bits left over in each half (10, 11, 13, 14), its
+// low half's code in the word's upper half and the other way round, in the order that lets
+// DecodeWord move all four from reg 2's rotated word with one multiplication (see there).
 MXMOE_HD void CodeBitPositions(int reg, int hi, int pos[4]) {
   int s, e1, e0, m;
   switch (reg) {
     case 0: s = 15, e1 = 8, e0 = 7, m = 6; break;
     case 1: s = 12, e1 = 5, e0 = 4, m = 3; break;
     case 2: s = 9, e1 = 2, e0 = 1, m = 0; break;
-    default: s = 13, e1 = 11, e0 = 10, m = 14; break;
+    default:
+      s = 11, e1 = 10, e0 = 14, m = 13;
+      break;
   }
-  const int off = hi ? 16 : 0;
+  const int off = (reg == 3) != (hi != 0) ? 16 : 0;
   pos[0] = s + off;
   pos[1] = e1 + off;
   pos[2] = e0 + off;
@@ -128,19 +132,29 @@ MXMOE_HD uint8_t CodeAt(uint32_t w, int reg, int hi) {
 
 // The fast decode the kernels use: four bf16x2 registers whose bits are the E2M1 bit patterns
 // moved into place, i.e. the E2M1 values times 2^-126 (E2M1's subnormal 0.5 lands on bf16's
-// subnormal 2^-127, which is why the factor is 2^-126 and not a normal power). 9 integer ops.
-// Register 3's bits need three different moves. After a right shift by 8 they sit at 2, 3, 5, 6
-// of each half (e0, e1, sign, m), and one multiplication by 1 + 2^5 + 2^10 adds three shifted
-// copies of them. The copies' 24 bit positions are all distinct (one, 32, falls off the word), so
-// the sum has no carries and is their OR; the mask keeps e0 and e1 from the 2^5 copy (7, 8), the
-// sign from the 2^10 copy (15) and m from the unshifted one (6), and the same 16 bits higher in the
-// upper half.
+// subnormal 2^-127, which is why the factor is 2^-126 and not a normal power). 8 integer ops.
+// Register 2 is the word rotated left by 6 (a funnel shift; the bits it wraps land on 0..5, which
+// the mask drops). Register 3's bits need four different moves: in the rotated word they sit at
+// 0, 1, 3, 4 (e1, sign, m, e0 of the low half's code) and 16, 17, 19, 20 (the high half's), and one
+// multiplication by 2^3 + 2^8 + 2^14 adds three shifted copies of them. The copies' 24 positions
+// below 32 are all distinct, so the sum has no carries and is their OR; the mask keeps m and e0
+// from the 2^3 copy (6, 7), e1 from the 2^8 copy (8) and the sign from the 2^14 copy (15), and the
+// same 16 bits higher in the upper half. (Before perf-log v30 register 3 took a right shift of its
+// own, and register 2 a left shift: 9 ops.)
+template <bool kFunnel = true>
 MXMOE_HD void DecodeWord(uint32_t w, uint32_t r[4]) {
   constexpr uint32_t kMask = 0x81C081C0u;  // sign, exponent bits 1..0 and mantissa bit 6 per half
+  uint32_t rot6 = (w << 6) | (w >> 26);
+#if defined(__CUDA_ARCH__)
+  // kFunnel: the rotation as one PTX funnel shift that both registers read (8 ops). Left to the C
+  // above, ptxas derives register 2 with a shift of its own (9 ops), which keeps one register fewer
+  // live: n8f's kernel, capped at 72, spilled with the 8-op form (perf-log v30).
+  if constexpr (kFunnel) asm("shf.l.wrap.b32 %0, %1, %1, 6;" : "=r"(rot6) : "r"(w));
+#endif
   r[0] = w & kMask;
   r[1] = (w << 3) & kMask;
-  r[2] = (w << 6) & kMask;
-  r[3] = (((w >> 8) & 0x006C006Cu) * 0x421u) & kMask;
+  r[2] = rot6 & kMask;
+  r[3] = ((rot6 & 0x001B001Bu) * 0x4108u) & kMask;
 }
 
 // Element (r, k) of one expert's prepacked matrix, dequantized (the reference's scalar path).

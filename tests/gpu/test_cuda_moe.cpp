@@ -17,7 +17,6 @@
 #include "cuda/heuristics.h"
 #include "cuda/launch_util.cuh"
 #include "cuda/moe_kernels.h"
-#include "cuda/weight_layout.h"
 #include "gpu/gpu_harness.h"
 #include "gpu/tolerance.h"
 #include "mxmoe/cuda.h"
@@ -44,48 +43,6 @@ std::vector<float> CpuF32(const ExpertSet& set, const SyntheticInput& in, bool t
 }
 std::vector<uint16_t> CpuBf16(const ExpertSet& set, const SyntheticInput& in, bool threaded) {
   return threaded ? CpuBackendBf16(set, InputOf(in)) : ReferenceBf16(set, InputOf(in));
-}
-
-// ---- the private weight layout, on the host -----------------------------------------------------
-TEST(CudaLayout, WordEncodeDecodeRoundTrip) {
-  TestRng rng(7);
-  for (int it = 0; it < 20000; ++it) {
-    uint8_t codes[8];
-    for (uint8_t& c : codes) c = static_cast<uint8_t>(rng.Next() & 15);
-    const uint32_t w = cuda::EncodeWord(codes);
-    uint32_t r[4];
-    cuda::DecodeWord(w, r);
-    for (int reg = 0; reg < 4; ++reg)
-      for (int hi = 0; hi < 2; ++hi) {
-        const uint8_t code = codes[2 * reg + hi];
-        ASSERT_EQ(cuda::CodeAt(w, reg, hi), code);
-        // The decoded bf16 is the E2M1 value times 2^-126, bit for bit (signed zeros too).
-        const float got = bf16_to_float(static_cast<uint16_t>(hi ? r[reg] >> 16 : r[reg] & 0xFFFFu));
-        const float want = e2m1_to_float(code) * std::ldexp(1.0f, -126);
-        ASSERT_EQ(detail::Bits(got), detail::Bits(want)) << "reg " << reg << " hi " << hi << " code " << int(code);
-      }
-  }
-}
-
-TEST(CudaLayout, TileIndexIsABijection) {
-  for (int64_t rows : {64, 192, 256, 320, 3584, 6144})
-    for (int64_t cols : {32, 64, 96, 2880}) {
-      const cuda::PackedShape s = cuda::PackedShape::Of(rows, cols);
-      std::vector<int> seen(static_cast<size_t>(s.Tiles()), 0);
-      for (int64_t rg = 0; rg < s.row_groups; ++rg)
-        for (int64_t kt = 0; kt < s.col_tiles; ++kt) ++seen.at(static_cast<size_t>(s.TileIndex(rg, kt)));
-      for (int v : seen) ASSERT_EQ(v, 1) << rows << " x " << cols;
-    }
-}
-
-TEST(CudaLayout, StoredScaleIsExactForRealisticScales) {
-  for (int b = 0; b <= 128; ++b)
-    EXPECT_EQ(cuda::StoredScaleValue(cuda::StoredScale(static_cast<uint8_t>(b), 0), 0), ue8m0_to_float(static_cast<uint8_t>(b)));
-  for (int b = 100; b < 255; ++b) {  // a layer with scales up to 2^127 shifts its exponents down
-    const int shift = cuda::ScaleShiftFor(254);
-    EXPECT_EQ(cuda::StoredScaleValue(cuda::StoredScale(static_cast<uint8_t>(b), shift), shift), ue8m0_to_float(static_cast<uint8_t>(b)));
-  }
-  EXPECT_TRUE(std::isnan(cuda::StoredScaleValue(cuda::StoredScale(kUe8m0Nan, 0), 0)));
 }
 
 // ---- API and refusals ---------------------------------------------------------------------------

@@ -18,16 +18,23 @@ __device__ __forceinline__ uint32_t WordOf(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// One k16 step's A registers from its packed word and `scales`, the bf16x2 pair of its MX block's
-// scales (row g low, row g + 8 high; ptx::ScalePairBf16x2): registers 0 and 2 hold row g, 1 and 3
-// row g + 8.
-__device__ __forceinline__ void DequantWord(uint32_t word, uint32_t scales, uint32_t (&a)[4]) {
-  uint32_t raw[4];
-  DecodeWord(word, raw);
+// One k16 step's A registers from its decoded word `raw` (DecodeWord) and `scales`, the bf16x2 pair
+// of its MX block's scales (row g low, row g + 8 high; ptx::ScalePairBf16x2): registers 0 and 2
+// hold row g, 1 and 3 row g + 8.
+__device__ __forceinline__ void ScaleDecoded(const uint32_t (&raw)[4], uint32_t scales, uint32_t (&a)[4]) {
   a[0] = ptx::MulBf16x2Half<false>(raw[0], scales);
   a[1] = ptx::MulBf16x2Half<true>(raw[1], scales);
   a[2] = ptx::MulBf16x2Half<false>(raw[2], scales);
   a[3] = ptx::MulBf16x2Half<true>(raw[3], scales);
+}
+
+// One k16 step's A registers from its packed word and scale pair (ScaleDecoded); kFunnel as in
+// DecodeWord.
+template <bool kFunnel = true>
+__device__ __forceinline__ void DequantWord(uint32_t word, uint32_t scales, uint32_t (&a)[4]) {
+  uint32_t raw[4];
+  DecodeWord<kFunnel>(word, raw);
+  ScaleDecoded(raw, scales, a);
 }
 
 }  // namespace mxmoe::cuda::sm90

@@ -118,8 +118,9 @@ __device__ __forceinline__ void RunDecodeUnit(const DecodeParams& d, const GemmP
     ptx::CpAsyncCommit();
     if (warp_active) {
       const uint8_t* stage = smem + (kt % Cfg::kStages) * Cfg::kSmemStage;
-      ComputeStep<Cfg, Cfg::kNTiles>(stage, stage + Cfg::kSmemA, stage + Cfg::kSmemA + Cfg::kSmemScales, warp, lane,
-                                     acc);
+      // DecodeWord's 9-op form: the 8-op one spilled at this kernel's 72 registers (perf-log v30).
+      ComputeStep<Cfg, Cfg::kNTiles, false>(stage, stage + Cfg::kSmemA, stage + Cfg::kSmemA + Cfg::kSmemScales, warp,
+                                            lane, acc);
     }
   }
   ptx::CpAsyncWait<0>();

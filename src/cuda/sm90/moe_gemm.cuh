@@ -105,11 +105,10 @@ struct GemmConfig {
 
 // ---- device pieces ----------------------------------------------------------------------------
 // Half of a 64-wide step: k16 steps 2*kHalf and 2*kHalf+1, which share the 32-block kHalf, on the
-// first kNT 8-token MMA tiles.
-template <class Cfg, int kHalf, int kNT>
+// first kNT 8-token MMA tiles. kFunnel: DecodeWord's form (false for kernels at a register cap).
+template <class Cfg, int kHalf, int kNT, bool kFunnel = true>
 __device__ __forceinline__ void ComputeHalfStep(const uint4 (&frag_a)[Cfg::kMFrags],
-                                                const uint32_t (&frag_s)[Cfg::kMFrags],
-                                                const uint8_t* smem_b, int lane,
+                                                const uint32_t (&frag_s)[Cfg::kMFrags], const uint8_t* smem_b, int lane,
                                                 float (&acc)[Cfg::kMFrags][Cfg::kNTiles][4]) {
   // B fragments: matrix q of the x4 load is 16-byte unit 4*kHalf + q of token row nt*8 + r,
   // i.e. (b0, b1) of step 2*kHalf, then (b0, b1) of step 2*kHalf + 1.
@@ -126,7 +125,7 @@ __device__ __forceinline__ void ComputeHalfStep(const uint4 (&frag_a)[Cfg::kMFra
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
       uint32_t a[4];
-      DequantWord(WordOf(frag_a[f], 2 * kHalf + s), scales, a);
+      DequantWord<kFunnel>(WordOf(frag_a[f], 2 * kHalf + s), scales, a);
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt)
         ptx::MmaBf16(acc[f][nt], a, frag_b[nt][2 * s], frag_b[nt][2 * s + 1]);
@@ -134,10 +133,9 @@ __device__ __forceinline__ void ComputeHalfStep(const uint4 (&frag_a)[Cfg::kMFra
   }
 }
 
-template <class Cfg, int kNT>
-__device__ __forceinline__ void ComputeStep(const uint8_t* smem_a, const uint8_t* smem_s,
-                                            const uint8_t* smem_b, int warp, int lane,
-                                            float (&acc)[Cfg::kMFrags][Cfg::kNTiles][4]) {
+template <class Cfg, int kNT, bool kFunnel = true>
+__device__ __forceinline__ void ComputeStep(const uint8_t* smem_a, const uint8_t* smem_s, const uint8_t* smem_b,
+                                            int warp, int lane, float (&acc)[Cfg::kMFrags][Cfg::kNTiles][4]) {
   const int g = lane >> 2;
   uint4 frag_a[Cfg::kMFrags];
   uint32_t frag_s[Cfg::kMFrags];
@@ -147,8 +145,8 @@ __device__ __forceinline__ void ComputeStep(const uint8_t* smem_a, const uint8_t
     frag_a[f] = *reinterpret_cast<const uint4*>(smem_a + group * kTileBytes + lane * 16);
     frag_s[f] = *reinterpret_cast<const uint32_t*>(smem_s + group * kTileScaleBytes + g * 4);
   }
-  ComputeHalfStep<Cfg, 0, kNT>(frag_a, frag_s, smem_b, lane, acc);
-  ComputeHalfStep<Cfg, 1, kNT>(frag_a, frag_s, smem_b, lane, acc);
+  ComputeHalfStep<Cfg, 0, kNT, kFunnel>(frag_a, frag_s, smem_b, lane, acc);
+  ComputeHalfStep<Cfg, 1, kNT, kFunnel>(frag_a, frag_s, smem_b, lane, acc);
 }
 
 // ComputeStep on the tile's first n_tiles MMA tiles (uniform over the CTA), one instantiation per
