@@ -8,10 +8,11 @@
 // says what the copies and barriers cost.
 //   mxmoe_wgmma_probe [--reps N] [--tiles N]
 // Prints the command, then one row per (width, mode, ops): µs, TFLOP/s (real FLOP: 256 rows x
-// width x 64 x steps), cycles per k16 step of the CTA (median over CTAs), and the tensor pipe's
-// share: the cycles the step's four m64 MMAs take at the SM's dense bf16 rate (4096 FLOP per
-// cycle: 989.4 TFLOP/s over 132 SMs at 1830 MHz, the H100 / H200 data sheets' peak) over the
-// cycles measured. Rows without MMAs print width 0.
+// width x 64 x steps), cycles per k16 step of the CTA (its slower warpgroup's, median over CTAs),
+// and the tensor pipe's share: the cycles the step's four m64 MMAs take at the SM's dense bf16 rate
+// (4096 FLOP per cycle: 989.4 TFLOP/s over 132 SMs at 1830 MHz, the H100 / H200 data sheets' peak)
+// over the cycles measured (split, solo and split0 issue two of the four). Rows without MMAs print
+// width 0.
 #include <cuda_runtime.h>
 
 #include <algorithm>

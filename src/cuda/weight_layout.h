@@ -98,7 +98,8 @@ MXMOE_HD void CodeBitPositions(int reg, int hi, int pos[4]) {
       s = 11, e1 = 10, e0 = 14, m = 13;
       break;
   }
-  const int off = (reg == 3) != (hi != 0) ? 16 : 0;
+  const bool upper = reg == 3 ? hi == 0 : hi != 0;  // reg 3's codes sit in the other half
+  const int off = upper ? 16 : 0;
   pos[0] = s + off;
   pos[1] = e1 + off;
   pos[2] = e0 + off;
