@@ -120,6 +120,16 @@ __device__ __forceinline__ void Filler(uint32_t (&x)[8]) {
   }
 }
 
+// The warpgroup's MMA group of k16 step kS on register set `a` (fenced, committed), then a wait
+// until at most kLeft groups are in flight: IssueStep's tail, with the wait as the mode asks.
+template <int kLeft, int kS, int kMFrags, int kNTiles>
+__device__ __forceinline__ void MmaGroupThenWait(const uint32_t (&a)[kMFrags][4], uint64_t desc_b,
+                                                 float (&acc)[kMFrags][kNTiles][4]) {
+  wg::Fence();
+  sm90::IssueMmaGroup<kMFrags, kNTiles, kS>(a, desc_b, acc);
+  wg::Wait<kLeft>();
+}
+
 struct ProbeArgs {
   int tiles;          // tiles per CTA, kSteps steps each
   int zero;           // 0, unknown to the compiler: the A loads' addresses vary with the step
@@ -214,15 +224,11 @@ __global__ void __launch_bounds__(256, 1) ProbeKernel(const ProbeArgs args) {
           load_frags(step + 1);
           sm90::DequantStep<kMFrags, 0>(frag_a, frag_s, areg[0]);
         }
-        wg::Fence();
-        sm90::IssueMmaGroup<kMFrags, kNTiles, kS>(areg[kS], desc_b, acc);
-        wg::Wait<2>();
+        MmaGroupThenWait<2, kS>(areg[kS], desc_b, acc);
       } else if constexpr (kMode == kSync) {
         sm90::DequantStep<kMFrags, kS>(frag_a, frag_s, areg[kS]);
         ptx::NamedBarrierSync(1, kThreads);
-        wg::Fence();
-        sm90::IssueMmaGroup<kMFrags, kNTiles, kS>(areg[kS], desc_b, acc);
-        wg::Wait<kASets - 1>();
+        MmaGroupThenWait<kASets - 1, kS>(areg[kS], desc_b, acc);
       } else if constexpr (kMode == kSyncPair) {
         if constexpr (kS % 2 == 0) {
           sm90::DequantStep<kMFrags, kS>(frag_a, frag_s, areg[kS]);
@@ -237,19 +243,13 @@ __global__ void __launch_bounds__(256, 1) ProbeKernel(const ProbeArgs args) {
 #pragma unroll
         for (int f = 0; f < kMFrags; ++f)
           sm90::ScaleDecoded(raw[kS][f], ptx::ScalePairBf16x2<2 * (kS / 2)>(frag_s[f]), areg[kS][f]);
-        wg::Fence();
-        sm90::IssueMmaGroup<kMFrags, kNTiles, kS>(areg[kS], desc_b, acc);
-        wg::Wait<kASets - 1>();
+        MmaGroupThenWait<kASets - 1, kS>(areg[kS], desc_b, acc);
       } else if constexpr (kMode == kWait1 || kMode == kWait0) {
         sm90::DequantStep<kMFrags, kS>(frag_a, frag_s, areg[kS]);
-        wg::Fence();
-        sm90::IssueMmaGroup<kMFrags, kNTiles, kS>(areg[kS], desc_b, acc);
-        wg::Wait<kMode == kWait1 ? 1 : 0>();
+        MmaGroupThenWait<kMode == kWait1 ? 1 : 0, kS>(areg[kS], desc_b, acc);
       } else if constexpr (kMode == kSplit || kMode == kSolo || kMode == kFill || kMode == kSplit0 || kMode == kSolo0) {
         if (wgi == 0 && kMode != kFill) {
-          wg::Fence();
-          sm90::IssueMmaGroup<kMFrags, kNTiles, kS>(areg[kS], desc_b, acc);
-          wg::Wait<(kMode == kSplit0 || kMode == kSolo0) ? 0 : kASets - 1>();
+          MmaGroupThenWait<(kMode == kSplit0 || kMode == kSolo0) ? 0 : kASets - 1, kS>(areg[kS], desc_b, acc);
         } else if (wgi == 1 && kMode != kSolo && kMode != kSolo0) {
           Filler<kAlu, 32>(x);
         }
@@ -276,9 +276,7 @@ __global__ void __launch_bounds__(256, 1) ProbeKernel(const ProbeArgs args) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) areg[kS][f][i] = fixed[kS][f][i] ^ static_cast<uint32_t>(args.zero);
         }
-        wg::Fence();
-        sm90::IssueMmaGroup<kMFrags, kNTiles, kS>(areg[kS], desc_b, acc);
-        wg::Wait<kASets - 1>();
+        MmaGroupThenWait<kASets - 1, kS>(areg[kS], desc_b, acc);
       }
     };
 #pragma unroll 1
