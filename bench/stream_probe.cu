@@ -32,8 +32,8 @@ constexpr int kStageBytes = kChunkA + kChunkS;
 struct ProbeParams {
   const uint8_t* a;
   const uint8_t* s;
-  const int64_t* block_of_cta;  // per CTA: the weight block it reads (block b: bytes b * steps * kChunkA)
-  int steps;
+  const int64_t* chunk_of_cta;  // per CTA: its first step's chunk (bytes chunk * kChunkA of a, * kChunkS of s)
+  const int32_t* steps_of_cta;  // per CTA: its steps
   int spin;  // cycles of busy work per step after the step's copy has landed
   unsigned* sink;
 };
@@ -58,9 +58,10 @@ __device__ __forceinline__ unsigned Consume(const uint8_t* stage, int spin) {
 template <int kStages>
 __global__ void __launch_bounds__(kThreads) CpAsyncProbe(const ProbeParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
-  const int64_t block = p.block_of_cta[blockIdx.x];
-  const uint8_t* src_a = p.a + block * p.steps * kChunkA;
-  const uint8_t* src_s = p.s + block * p.steps * kChunkS;
+  const int64_t chunk = p.chunk_of_cta[blockIdx.x];
+  const int steps = p.steps_of_cta[blockIdx.x];
+  const uint8_t* src_a = p.a + chunk * kChunkA;
+  const uint8_t* src_s = p.s + chunk * kChunkS;
   auto load = [&](int stage, int step) {
     uint8_t* dst = smem + stage * kStageBytes;
 #pragma unroll
@@ -73,15 +74,15 @@ __global__ void __launch_bounds__(kThreads) CpAsyncProbe(const ProbeParams p) {
                                   src_s + static_cast<int64_t>(step) * kChunkS + threadIdx.x * 16);
   };
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < p.steps) load(s, s);
+    if (s < steps) load(s, s);
     mxmoe::cuda::ptx::CpAsyncCommit();
   }
   unsigned acc = 0;
-  for (int step = 0; step < p.steps; ++step) {
+  for (int step = 0; step < steps; ++step) {
     mxmoe::cuda::ptx::CpAsyncWait<kStages - 2>();
     __syncthreads();
     const int next = step + kStages - 1;
-    if (next < p.steps) load(next % kStages, next);
+    if (next < steps) load(next % kStages, next);
     mxmoe::cuda::ptx::CpAsyncCommit();
     acc ^= Consume(smem + (step % kStages) * kStageBytes, p.spin);
   }
@@ -96,9 +97,10 @@ __global__ void __launch_bounds__(kThreads) BulkProbe(const ProbeParams p) {
   namespace wg = mxmoe::cuda::wgmma;
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ __align__(8) uint64_t full[kStages];
-  const int64_t block = p.block_of_cta[blockIdx.x];
-  const uint8_t* src_a = p.a + block * p.steps * kChunkA;
-  const uint8_t* src_s = p.s + block * p.steps * kChunkS;
+  const int64_t chunk = p.chunk_of_cta[blockIdx.x];
+  const int steps = p.steps_of_cta[blockIdx.x];
+  const uint8_t* src_a = p.a + chunk * kChunkA;
+  const uint8_t* src_s = p.s + chunk * kChunkS;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) wg::MbarInit(mxmoe::cuda::ptx::SmemAddr(&full[s]), 1);
     wg::FenceMbarInit();
@@ -112,14 +114,14 @@ __global__ void __launch_bounds__(kThreads) BulkProbe(const ProbeParams p) {
     wg::BulkLoad(dst + kChunkA, src_s + static_cast<int64_t>(step) * kChunkS, kChunkS, bar);
   };
   if (threadIdx.x == 0)
-    for (int s = 0; s < kStages && s < p.steps; ++s) load(s, s);
+    for (int s = 0; s < kStages && s < steps; ++s) load(s, s);
   unsigned acc = 0;
-  for (int step = 0; step < p.steps; ++step) {
+  for (int step = 0; step < steps; ++step) {
     const int stage = step % kStages;
     wg::MbarWait(mxmoe::cuda::ptx::SmemAddr(&full[stage]), (step / kStages) & 1);
     acc ^= Consume(smem + stage * kStageBytes, p.spin);
     __syncthreads();  // everyone is past the stage
-    if (threadIdx.x == 0 && step + kStages < p.steps) load(stage, step + kStages);
+    if (threadIdx.x == 0 && step + kStages < steps) load(stage, step + kStages);
   }
   if (acc == 0x9E3779B9u) *p.sink = acc;
 #else
@@ -146,11 +148,17 @@ __global__ void __launch_bounds__(512) FlatProbe(const uint4* a, int64_t n, unsi
 void Check(cudaError_t e, const char* what) { mxmoe::bench::CheckCuda("mxmoe_stream_probe", e, what); }
 using mxmoe::bench::Median;
 
-struct Shape {
-  const char* name;
-  int experts;           // experts touched per call
+// A stream of one call: parts of experts x blocks, each block a CTA reading `steps` consecutive
+// steps. The parts of a shape run in one launch, or one launch each back to back (`separate`).
+struct Part {
+  int experts;            // experts touched per call
   int blocks_per_expert;  // CTAs per expert
   int steps;              // 64-wide steps per CTA
+};
+struct Shape {
+  const char* name;
+  std::vector<Part> parts;
+  bool separate = false;
 };
 
 }  // namespace
@@ -199,50 +207,83 @@ int main(int argc, char** argv) {
   std::printf("command: mxmoe_stream_probe --reps %d\n", reps);
   std::printf("%-8s %-12s %6s %6s %6s %6s %10s %8s %6s\n", "mode", "shape", "ctas", "steps", "stages", "spin", "us",
               "GB/s", "%read");
-  {
-    const int64_t n = 187LL * 1000 * 1000 / 16;
+  for (const int mb : {187, 281}) {  // FC1's bytes at T = 1, and the whole layer's
+    const int64_t n = mb * 1000LL * 1000 / 16;
     const float us = time_reps([&](int r) {
       FlatProbe<<<132 * 8, 512>>>(reinterpret_cast<const uint4*>(a) + (r % 8) * n, n, sink);
     });
     const double gbs = n * 16 / us / 1e3;
-    std::printf("%-8s %-12s %6d %6s %6s %6s %10.1f %8.0f %6.1f\n", "flat", "187MB", 132 * 8, "-", "-", "-", us, gbs,
-                100.0 * gbs / kReadRoofGBs);
+    const std::string name = std::to_string(mb) + "MB";
+    std::printf("%-8s %-12s %6d %6s %6s %6s %10.1f %8.0f %6.1f\n", "flat", name.c_str(), 132 * 8, "-", "-", "-", us,
+                gbs, 100.0 * gbs / kReadRoofGBs);
   }
 
+  // A T = 1 layer streams FC1's and then FC2's weights of its 16 experts (281 MB). "layer-t1": both
+  // cut as n8c2 cuts them (FC1 768 CTAs of 28 steps, FC2 448 of 24), in one launch, as if FC2 did
+  // not wait for FC1 (what a kernel with these CTA shapes could at best stream); "layer-t1-2l": the
+  // same as two launches back to back, as the layer's FC1 and FC2 kernels run (perf-log v31).
+  const Part fc1_k2{16, 48, 28}, fc2_k2{16, 28, 24};
   const Shape shapes[] = {
-      {"fc1-t1", 16, 24, 56},
-      {"fc2-t1", 16, 14, 48},
-      {"fc1-t1-k2", 16, 48, 28},  // the FC1 call cut in two along K: twice the CTAs, half the steps
-      {"fc2-t1-k2", 16, 28, 24},  // FC2 cut in two (n8c2's 448 CTAs): 3 against 5 stages (n8c2d)
+      {"fc1-t1", {{16, 24, 56}}},               // FC1 at T = 1: a CTA per 256-row block over the whole reduction
+      {"fc2-t1", {{16, 14, 48}}},               // FC2 likewise
+      {"fc1-t1-k2", {fc1_k2}},                  // the FC1 call cut in two along K: twice the CTAs, half the steps
+      {"fc2-t1-k2", {fc2_k2}},                  // FC2 cut in two (n8c2's 448 CTAs): 3 against 5 stages (n8c2d)
+      {"layer-t1", {fc1_k2, fc2_k2}},           // both GEMMs' streams in one launch
+      {"layer-t1-2l", {fc1_k2, fc2_k2}, true},  // ... and in two
   };
+  constexpr int64_t kChunksPerExpert = kExpertBytes / kChunkA;
   std::mt19937 rng(12345);
   for (const Shape& shape : shapes) {
-    const int ctas = shape.experts * shape.blocks_per_expert;
-    const int64_t blocks_in_buffer = a_bytes / (static_cast<int64_t>(shape.steps) * kChunkA);
-    const int64_t blocks_per_expert_in_buffer = blocks_in_buffer / kExperts;
-    // Per rep, a fresh draw of distinct experts, so that no rep reads what the L2 still holds.
-    std::vector<int64_t> host(static_cast<size_t>(reps) * ctas);
+    int ctas = 0;
+    double bytes = 0;
+    for (const Part& part : shape.parts) {
+      ctas += part.experts * part.blocks_per_expert;
+      bytes += static_cast<double>(part.experts) * part.blocks_per_expert * part.steps * kStageBytes;
+    }
+    // Per rep, a fresh draw of distinct experts (each part its own), so that no rep reads what the L2
+    // still holds; CTA c of a part reads block c % blocks_per_expert of its expert's region.
+    std::vector<int64_t> chunks(static_cast<size_t>(reps) * ctas);
+    std::vector<int32_t> steps(chunks.size());
     for (int r = 0; r < reps; ++r) {
       std::vector<int> ex(kExperts);
       for (int e = 0; e < kExperts; ++e) ex[e] = e;
       std::shuffle(ex.begin(), ex.end(), rng);
-      for (int c = 0; c < ctas; ++c)
-        host[static_cast<size_t>(r) * ctas + c] =
-            ex[c / shape.blocks_per_expert] * blocks_per_expert_in_buffer + c % shape.blocks_per_expert;
+      size_t c = static_cast<size_t>(r) * ctas;
+      int first_expert = 0;
+      for (const Part& part : shape.parts) {
+        for (int b = 0; b < part.experts * part.blocks_per_expert; ++b, ++c) {
+          chunks[c] = ex[first_expert + b / part.blocks_per_expert] * kChunksPerExpert +
+                      static_cast<int64_t>(b % part.blocks_per_expert) * part.steps;
+          steps[c] = part.steps;
+        }
+        first_expert += part.experts;
+      }
     }
-    int64_t* dev = nullptr;
-    Check(cudaMalloc(&dev, host.size() * sizeof(int64_t)), "allocating the block lists");
-    Check(cudaMemcpy(dev, host.data(), host.size() * sizeof(int64_t), cudaMemcpyHostToDevice), "block lists");
-    const double bytes = static_cast<double>(ctas) * shape.steps * kStageBytes;
+    int64_t* dev_chunks = nullptr;
+    int32_t* dev_steps = nullptr;
+    Check(cudaMalloc(&dev_chunks, chunks.size() * sizeof(int64_t)), "allocating the chunk lists");
+    Check(cudaMalloc(&dev_steps, steps.size() * sizeof(int32_t)), "allocating the step lists");
+    Check(cudaMemcpy(dev_chunks, chunks.data(), chunks.size() * sizeof(int64_t), cudaMemcpyHostToDevice), "chunks");
+    Check(cudaMemcpy(dev_steps, steps.data(), steps.size() * sizeof(int32_t), cudaMemcpyHostToDevice), "steps");
     auto run = [&](const char* mode, auto kernel, int stages, int spin) {
       const int smem = stages * kStageBytes;
       Check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "smem attribute");
       const float us = time_reps([&](int r) {
-        ProbeParams p{a, s, dev + static_cast<int64_t>(r) * ctas, shape.steps, spin, sink};
-        kernel<<<ctas, kThreads, smem>>>(p);
+        const int64_t first = static_cast<int64_t>(r) * ctas;
+        if (!shape.separate) {
+          kernel<<<ctas, kThreads, smem>>>(ProbeParams{a, s, dev_chunks + first, dev_steps + first, spin, sink});
+          return;
+        }
+        int64_t offset = first;
+        for (const Part& part : shape.parts) {
+          const int n = part.experts * part.blocks_per_expert;
+          kernel<<<n, kThreads, smem>>>(ProbeParams{a, s, dev_chunks + offset, dev_steps + offset, spin, sink});
+          offset += n;
+        }
       });
       const double gbs = bytes / us / 1e3;
-      std::printf("%-8s %-12s %6d %6d %6d %6d %10.1f %8.0f %6.1f\n", mode, shape.name, ctas, shape.steps, stages,
+      const std::string steps_col = shape.parts.size() == 1 ? std::to_string(shape.parts[0].steps) : "-";
+      std::printf("%-8s %-12s %6d %6s %6d %6d %10.1f %8.0f %6.1f\n", mode, shape.name, ctas, steps_col.c_str(), stages,
                   spin, us, gbs, 100.0 * gbs / kReadRoofGBs);
     };
     for (int spin : {0, 1000, 2000}) {
@@ -253,7 +294,8 @@ int main(int argc, char** argv) {
       run("bulk", BulkProbe<6>, 6, spin);
       run("bulk", BulkProbe<12>, 12, spin);
     }
-    Check(cudaFree(dev), "free");
+    Check(cudaFree(dev_chunks), "free");
+    Check(cudaFree(dev_steps), "free");
   }
   return 0;
 }
