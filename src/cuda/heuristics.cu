@@ -76,7 +76,8 @@ LaunchChoice ChooseLaunch(const LayerDims& dims, int64_t num_tokens, int64_t max
   // streams the weights once: the narrow mma.sync tile, whose CTAs (several per SM) keep more loads
   // in flight than the one-CTA-per-SM wgmma kernels at the same width (wg8 / wg32 ran at 40-65% of
   // the read roofline at T = 1..128, n8 at 52-80% at T = 1 and 8; both removed since; wg32x2d, two
-  // CTAs per SM, did not beat n32 across the shapes either: v13.1). From 32 pairs per expert
+  // CTAs per SM, did not beat n32 across the shapes either: v13.1, and 1-5% behind it again in v31,
+  // H100). From 32 pairs per expert
   // the 128-token wgmma tile, whose MMAs shrink to the tile's tokens; between, n32. Measured: T =
   // 1024 (18 pairs per expert) n32 6.77 ms, wg128 8.73 ms; T = 2048 (37) wg128 9.25 ms, n32 11.89 ms.
   // Of the 128-token tiles, wg128d8 (three MMA groups in flight, 8 stages) was the fastest at T =

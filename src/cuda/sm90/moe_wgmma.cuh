@@ -55,7 +55,7 @@
 // MMAs up to this wide dequantize two k16 steps before issuing them (IssueStepPair); 0: none. 64:
 // on an H100, layers 1-4% faster at T = 2048 on the three benchmark shapes and at T = 1024 on
 // GPT-OSS-120B and DeepSeek-V3 (Kimi-K3 runs n32 there), a tie at 4096 (perf-log v28; 128 within 2%
-// of 64).
+// of 64, and 80 and 128 within -2.5% .. +1.9% of 64 in v31).
 #ifndef MXMOE_DEQUANT_PAIRS_WIDTH
 #define MXMOE_DEQUANT_PAIRS_WIDTH 64
 #endif
@@ -645,7 +645,9 @@ using ConfigWg128Deep8 = WgmmaConfig<128, 8, 3>;
 // 80 registers per thread each; consumers at 96): the wgmma rate and 16 consumer warps per SM for
 // n32's range, 6-32 pairs per expert. Forced only: against n32 (perf-log v13.1) it was 0.3-6% ahead
 // on DeepSeek-V3 T = 192-1024 but for T = 384, 1-2.5% ahead on Kimi-K3 T = 768-1024 and behind
-// below, and 1.4-5.5% behind on GPT-OSS-120B. With one MMA group in flight it was no faster.
+// below, and 1.4-5.5% behind on GPT-OSS-120B. With one MMA group in flight it was no faster. Measured
+// again with v30's decode (perf-log v31, H100): 1-5% behind n32 at Kimi-K3 T = 512-1024 and
+// DeepSeek-V3 T = 512.
 using ConfigWg32x2Deep = WgmmaConfig<32, 8, 3, 2>;
 // wg128d8's ring as 4 stages of two reduction steps each (200 KB): every second step without its
 // own bulk copies of weights and scales. Forced only (MXMOE_GEMM_CONFIG=wg128d4x2): against wg128d8,
