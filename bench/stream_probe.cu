@@ -234,12 +234,16 @@ int main(int argc, char** argv) {
   constexpr int64_t kChunksPerExpert = kExpertBytes / kChunkA;
   std::mt19937 rng(12345);
   for (const Shape& shape : shapes) {
-    int ctas = 0;
+    // The grids of the shape's launches: each part's, or all parts' CTAs in one.
+    std::vector<int> grids;
     double bytes = 0;
     for (const Part& part : shape.parts) {
-      ctas += part.experts * part.blocks_per_expert;
-      bytes += static_cast<double>(part.experts) * part.blocks_per_expert * part.steps * kStageBytes;
+      grids.push_back(part.experts * part.blocks_per_expert);
+      bytes += static_cast<double>(grids.back()) * part.steps * kStageBytes;
     }
+    int ctas = 0;
+    for (int g : grids) ctas += g;
+    if (!shape.separate) grids.assign(1, ctas);
     // Per rep, a fresh draw of distinct experts (each part its own), so that no rep reads what the L2
     // still holds; CTA c of a part reads block c % blocks_per_expert of its expert's region.
     std::vector<int64_t> chunks(static_cast<size_t>(reps) * ctas);
@@ -269,14 +273,8 @@ int main(int argc, char** argv) {
       const int smem = stages * kStageBytes;
       Check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "smem attribute");
       const float us = time_reps([&](int r) {
-        const int64_t first = static_cast<int64_t>(r) * ctas;
-        if (!shape.separate) {
-          kernel<<<ctas, kThreads, smem>>>(ProbeParams{a, s, dev_chunks + first, dev_steps + first, spin, sink});
-          return;
-        }
-        int64_t offset = first;
-        for (const Part& part : shape.parts) {
-          const int n = part.experts * part.blocks_per_expert;
+        int64_t offset = static_cast<int64_t>(r) * ctas;
+        for (int n : grids) {
           kernel<<<n, kThreads, smem>>>(ProbeParams{a, s, dev_chunks + offset, dev_steps + offset, spin, sink});
           offset += n;
         }

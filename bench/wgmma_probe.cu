@@ -146,9 +146,10 @@ __global__ void __launch_bounds__(256, 1) ProbeKernel(const ProbeArgs args) {
   constexpr int kWGs = 2, kThreads = 128 * kWGs;
   constexpr int kMFrags = 4 / kWGs, kNTiles = kN / 8, kASets = Cfg::kASets;
   static_assert(kASets == 4, "a register set per k16 step of a 64-wide step");
+  // split, solo, fill, split0, solo0: warpgroup 0 issues MMAs, warpgroup 1 runs filler, or one alone.
+  constexpr bool kHalves = kMode == kSplit || kMode == kSolo || kMode == kFill || kMode == kSplit0 || kMode == kSolo0;
   constexpr bool kFixedA = kMode == kMma || kMode == kBoth || kMode == kAlu || kMode == kImad || kMode == kFfma ||
-                           kMode == kRewrite || kMode == kSplit || kMode == kSolo || kMode == kFill ||
-                           kMode == kSplit0 || kMode == kSolo0;
+                           kMode == kRewrite || kHalves;
   constexpr bool kMmas = kMode != kDeq && kMode != kDecode;
   // B: 128 token rows of 64 bf16 (the 128-byte swizzle's atoms need 1024-byte alignment); A: one
   // step of a 256-row block's prepacked tiles and their scales.
@@ -247,7 +248,7 @@ __global__ void __launch_bounds__(256, 1) ProbeKernel(const ProbeArgs args) {
       } else if constexpr (kMode == kWait1 || kMode == kWait0) {
         sm90::DequantStep<kMFrags, kS>(frag_a, frag_s, areg[kS]);
         MmaGroupThenWait<kMode == kWait1 ? 1 : 0, kS>(areg[kS], desc_b, acc);
-      } else if constexpr (kMode == kSplit || kMode == kSolo || kMode == kFill || kMode == kSplit0 || kMode == kSolo0) {
+      } else if constexpr (kHalves) {
         if (wgi == 0 && kMode != kFill) {
           MmaGroupThenWait<(kMode == kSplit0 || kMode == kSolo0) ? 0 : kASets - 1, kS>(areg[kS], desc_b, acc);
         } else if (wgi == 1 && kMode != kSolo && kMode != kSolo0) {
