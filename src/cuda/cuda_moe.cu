@@ -226,6 +226,10 @@ class Sm90Path final : public KernelPath {
   const char* Name() const override { return "sm90"; }
   Status Allocate(const cuda::LayerDims& dims) override {
     dims_ = dims;
+    int device = 0;
+    MXMOE_RETURN_IF_ERROR(CudaCheck(cudaGetDevice(&device), "cudaGetDevice"));
+    MXMOE_RETURN_IF_ERROR(
+        CudaCheck(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device), "the device's SM count"));
     w13_ = PackedShape::Of(2 * dims.inter, dims.hidden);
     w2_ = PackedShape::Of(dims.hidden, dims.inter);
     const int64_t n = dims.num_local;
@@ -281,8 +285,17 @@ class Sm90Path final : public KernelPath {
     g.y = call.y;
     g.y_stride = dims_.hidden;
     g.topk_weights = call.topk_weights;
+    g.early_steps = cuda::EarlySteps();
 
     cuda::GemmParams g1 = g;
+    // FC1's guess of its tiles' experts for the early prefetch (GemmParams::early_ids): the call's
+    // ids, where one warp holds them all.
+    if (call.topk_ids != nullptr && call.tokens * call.top_k <= 32) {
+      g1.early_ids = call.topk_ids;
+      g1.early_pairs = static_cast<int32_t>(call.tokens * call.top_k);
+      g1.early_num_local = static_cast<int32_t>(dims_.num_local);
+      g1.early_first_expert = call.first_expert;
+    }
     g1.a_tiles = w13_tiles_.As<uint8_t>();
     g1.a_scales = w13_scales_.As<uint8_t>();
     g1.a_shape = w13_;
@@ -337,6 +350,16 @@ class Sm90Path final : public KernelPath {
         d.partials = reinterpret_cast<float*>(call.decode_ws + DecodeSyncBytes(d.plan, call.max_tiles));
       return CudaCheck(cuda::LaunchFusedDecode(d, stream), "fused decode GEMMs (" + choice.name + ")");
     }
+    // A decode call whose FC1 fills the SMs launches FC2 with PDL too, its CTAs capped
+    // (kFc2CapMinFc1CtasPerSm, perf-log v32; MXMOE_PDL, where set, still decides the sites).
+    const cuda::GemmConfigInfo info2 = cuda::GemmInfo(id2);
+    const bool cap_fc2 =
+        (cuda::PdlDefaultSites() & static_cast<unsigned>(cuda::PdlSite::kFc1)) != 0 && cuda::Fc2CapSmem() > 0 &&
+        info2.block_n == 8 && !info2.loads_sorted_rows &&
+        m_tiles13 * call.max_tiles * cuda::GemmInfo(id).cluster_ctas >= int64_t{cuda::kFc2CapMinFc1CtasPerSm} * sms_;
+    if (cap_fc2) g2.launch_smem = cuda::Fc2CapSmem();
+    const cuda::ScopedPdlDefault pdl(cuda::PdlDefaultSites() |
+                                     (cap_fc2 ? static_cast<unsigned>(cuda::PdlSite::kFc2) : 0u));
     MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchGemm(id, true, g1, m_tiles13 * call.max_tiles, stream),
                                     std::string("FC1 grouped GEMM (") + choice.name + ")"));
     return CudaCheck(cuda::LaunchGemm(id2, false, g2, m_tiles2 * call.max_tiles, stream),
@@ -398,6 +421,7 @@ class Sm90Path final : public KernelPath {
   int64_t XStride() const { return w13_.col_tiles * cuda::kTileCols; }  // bf16 elements
   int64_t HStride() const { return w2_.col_tiles * cuda::kTileCols; }
   PackedShape w13_, w2_;
+  int sms_ = 0;  // the device's SMs (the FC2 cap rule in LaunchGemms)
   DeviceBuffer w13_tiles_, w13_scales_, w2_tiles_, w2_scales_;
 };
 

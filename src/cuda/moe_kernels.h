@@ -218,6 +218,21 @@ struct GemmParams {
   // and scales of the step this many steps later (0: none; see SetL2Ahead). Read by the configs
   // whose GemmConfigInfo::looks_ahead is set.
   int32_t l2_ahead = 0;
+  // The decode configs' early prefetch (BLOCK_N 8; see SetEarlySteps): before its dependency wait,
+  // thread 0 of each CTA asks the L2 for the first early_steps steps of the CTA's weights and
+  // scales (0: none), so that the stream starts while the kernel before it ends. FC2 takes its
+  // tile's expert from the routing (written before FC1 got past its own wait, so before FC2 could
+  // be launched); FC1, whose routing is not done yet, guesses it from early_ids, the call's
+  // early_pairs ids (at most 32; null: no guess): tile t is the t-th smallest distinct local
+  // expert, as the routing numbers the tiles of calls of at most 8 pairs per expert. The prefetch
+  // only warms the L2: a wrong or stale guess costs bandwidth, never a result.
+  int32_t early_steps = 0;
+  const int32_t* early_ids = nullptr;
+  int32_t early_pairs = 0;
+  int32_t early_num_local = 0;
+  int64_t early_first_expert = 0;
+  // The launch's dynamic shared memory, at least (the launcher's; the kernel uses its config's).
+  int32_t launch_smem = 0;
 };
 
 // The mma.sync kernels' L2 look-ahead in steps (GemmParams::l2_ahead): read once from
@@ -228,6 +243,32 @@ struct GemmParams {
 inline constexpr int kMaxL2Ahead = 16;
 void SetL2Ahead(int steps);
 int L2Ahead();
+// GemmParams::early_steps, read once from MXMOE_EARLY_STEPS=<0..kMaxEarlySteps> (default
+// kDefaultEarlySteps). On an H100 (perf-log v32) 2, 3 and 4 steps each took 2-3.5% off the T = 1
+// layers of Kimi-K3, DeepSeek-V3 and GPT-OSS-120B and off DeepSeek-V3 and GPT-OSS-120B at T = 2:
+// FC1's CTAs wait ~5.6 µs for the routing, in which 4 steps of 768 CTAs (26 MB) fill the H200's
+// 4 TB/s as 3 fill the H100's. SetEarlySteps for the tests (clamped).
+inline constexpr int kMaxEarlySteps = 16;
+inline constexpr int kDefaultEarlySteps = 4;
+void SetEarlySteps(int steps);
+int EarlySteps();
+// FC2 under programmatic dependent launch, its CTAs capped (perf-log v32): in a decode call whose FC1
+// grid holds at least kFc2CapMinFc1CtasPerSm CTAs per SM (Kimi-K3 at T = 1: 768 on 132 SMs), the
+// decode configs' FC2 also launches with PDL, asking for Fc2CapSmem() bytes of shared memory
+// (GemmParams::launch_smem), so that no FC2 CTA fits beside FC1's six and at most four share an SM
+// later. FC2's CTAs then start on the SMs FC1 leaves first and prefetch their first steps
+// (early_steps) in FC1's tail. Without the cap, PDL on FC2 put up to 7 of its CTAs on those SMs
+// and one on others, and Kimi-K3 T = 1 took 7% longer (an H100). MXMOE_FC2_SMEM=<bytes> (read
+// once; 0 turns the rule off) sets the bytes.
+inline constexpr int kMaxFc2Smem = 200 * 1024;
+inline constexpr int kDefaultFc2Smem = 56000;
+inline constexpr int kFc2CapMinFc1CtasPerSm = 4;
+int Fc2CapSmem();
+// For the tests: sets the bytes (clamped to 0..kMaxFc2Smem; 0 turns the rule off), and counts the
+// FC2 launches that took a cap (CountCappedFc2Launch, by the launcher) in this process.
+void SetFc2CapSmem(int bytes);
+void CountCappedFc2Launch();
+int64_t CappedFc2Launches();
 
 // mma.sync kernels (sm90/moe_gemm.cuh) and wgmma kernels (sm90/moe_wgmma.cuh), by BLOCK_N; wg128d
 // is wg128 with more MMAs in flight (forced only; 1.5-4% faster per kernel: perf-log v8), wg128d8
@@ -268,6 +309,8 @@ struct GemmConfigInfo {
   // The CTAs of the FC1 (fc1) or FC2 kernel that fit an SM of the current device, from the CUDA
   // occupancy API; call after PrepareGemmKernels. Negative: the API's error.
   int (*resident_ctas)(bool fc1);
+  // CTAs per thread block cluster (n8c2 2, n8c4 4): a launch of n items runs n * cluster_ctas CTAs.
+  int cluster_ctas = 1;
 };
 GemmConfigInfo GemmInfo(GemmConfigId id);
 // Raises the dynamic shared memory limit of every GEMM kernel (once per device, at Create).

@@ -132,6 +132,14 @@ __device__ __forceinline__ void RedAddReleaseGpu(int32_t* p, int32_t v) {
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 #endif
 }
+// The SM this thread runs on (PTX ISA, %smid).
+__device__ __forceinline__ uint32_t SmId() {
+  uint32_t id = 0;
+#if defined(__CUDA_ARCH__)
+  asm volatile("mov.u32 %0, %%smid;\n" : "=r"(id));
+#endif
+  return id;
+}
 // The global nanosecond timer (PTX ISA, %globaltimer).
 __device__ __forceinline__ uint64_t GlobalTimerNs() {
   uint64_t t = 0;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "cuda/kernel_timeline.cuh"
 #include "cuda/launch_util.cuh"
 #include "cuda/moe_kernels.h"
 #include "cuda/mx_device.cuh"
@@ -305,7 +306,11 @@ __global__ void __launch_bounds__(kCtaThreads) RouteSmallKernel(const RouteSmall
 // most kWarpRoutePairs pairs in its first warp (RouteWarp).
 __global__ void __launch_bounds__(kThreads)
     PrepareAndRouteKernel(const PrepareParams p, int64_t quant_threads, const RouteSmallParams rp) {
+  // (kernel_timeline.cuh; empty unless built with MXMOE_KERNEL_TIMELINE): the routing block's times.
+  TimelineClock timeline(blockIdx.x + 1 == gridDim.x);
+  timeline.Start();
   ptx::EnterPipelineKernel();
+  timeline.Waited(TimelineKernel::kRoute);
   if (blockIdx.x + 1 < gridDim.x) {
     const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
     // (The quantization blocks also clear p.zero: the routing block is the launch's long pole.)
@@ -319,9 +324,11 @@ __global__ void __launch_bounds__(kThreads)
   const auto key_at = [&](int pair) { return KeyOfId(p, p.topk_ids[pair]); };
   if (rp.warp_max > 0 && rp.n <= rp.warp_max) {  // (uniform over the block)
     if (threadIdx.x < 32) RouteWarp(rp, key_at);
+    timeline.End();
     return;
   }
   RouteSmallOfCta<kThreads, 1>(rp, key_at);
+  timeline.End();
 }
 
 // Up to kCombineBatch of a token's rows are loaded before any is added, so that many loads are in
@@ -339,7 +346,10 @@ __global__ void __launch_bounds__(kThreads)
                   const int32_t* __restrict__ topk_ids, int64_t num_tokens, int32_t top_k, int64_t hidden,
                   int64_t first_expert, int32_t num_local, const CombineRange r, OutputDType dtype,
                   void* __restrict__ out) {
+  TimelineClock timeline;  // (kernel_timeline.cuh; empty unless built with MXMOE_KERNEL_TIMELINE)
+  timeline.Start();
   ptx::EnterPipelineKernel();
+  timeline.Waited(TimelineKernel::kCombine);
   const int64_t per_row = hidden / 4;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (idx >= num_tokens * per_row) return;
@@ -384,6 +394,7 @@ __global__ void __launch_bounds__(kThreads)
     const uint32_t hi = float_to_bf16(acc.z) | (static_cast<uint32_t>(float_to_bf16(acc.w)) << 16);
     reinterpret_cast<uint2*>(out)[idx] = make_uint2(lo, hi);
   }
+  timeline.End();
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -427,6 +438,7 @@ cudaError_t LaunchPrepareAndRoute(const PrepareParams& p, const RouteSmallParams
       rp.warp_max < 0 || rp.warp_max > kWarpRoutePairs || p.zero_words < 0 || (p.zero_words > 0 && p.zero == nullptr))
     return cudaErrorInvalidValue;
   static_assert(kFusedRoutePairs == kThreads, "one slot per thread of the routing block");
+  RegisterTimeline();
   const int64_t quant_blocks = Blocks(p.num_tokens * (p.hidden / kMxBlock));
   return LaunchKernel(PrepareAndRouteKernel, PdlSite::kRoute, dim3(static_cast<unsigned>(quant_blocks + 1)),
                       dim3(kThreads), 0, stream, p, quant_blocks * kThreads, rp);

@@ -32,13 +32,29 @@ struct ForcedConfig {
   ~ForcedConfig() { cuda::ForceGemmConfig(-1); }
 };
 
-// The mma.sync kernels' L2 look-ahead for the scope, then back to what it was (MXMOE_L2_AHEAD's
-// value): tests that compare plans by name pin it at 0, since a look-ahead is named in the plan.
-struct ScopedL2Ahead {
-  const int before = cuda::L2Ahead();
-  explicit ScopedL2Ahead(int steps) { cuda::SetL2Ahead(steps); }
-  ~ScopedL2Ahead() { cuda::SetL2Ahead(before); }
+// An integer setting of the library for the scope, then back to what it was (its environment
+// variable's value or default).
+template <int (*kGet)(), void (*kSet)(int)>
+struct ScopedSetting {
+  const int before = kGet();
+  explicit ScopedSetting(int value) { kSet(value); }
+  ~ScopedSetting() { kSet(before); }
 };
+// The mma.sync kernels' L2 look-ahead (MXMOE_L2_AHEAD): tests that compare plans by name pin it at
+// 0, since a look-ahead is named in the plan.
+using ScopedL2Ahead = ScopedSetting<&cuda::L2Ahead, &cuda::SetL2Ahead>;
+// Out of range, such a setting is clamped: never past `max` or below 0.
+template <int (*kGet)(), void (*kSet)(int)>
+void ExpectClampedTo(int max) {
+  {
+    const ScopedSetting<kGet, kSet> big(1000000);
+    EXPECT_EQ(kGet(), max);
+  }
+  const ScopedSetting<kGet, kSet> negative(-5);
+  EXPECT_EQ(kGet(), 0);
+}
+using ScopedEarlySteps = ScopedSetting<&cuda::EarlySteps, &cuda::SetEarlySteps>;  // MXMOE_EARLY_STEPS
+using ScopedFc2Cap = ScopedSetting<&cuda::Fc2CapSmem, &cuda::SetFc2CapSmem>;      // MXMOE_FC2_SMEM
 
 // A synthetic layer of activation `kind` (biased for SwiGLU-bias), and for each token count and
 // routing its CPU reference and a DeviceCase: variants(dc, ref, t, label) runs the GPU variants
@@ -229,13 +245,86 @@ TEST(CudaGemmConfigs, L2LookAheadLeavesResultsBitIdentical) {
       EXPECT_EQ(checked, 8) << "n8, n32, n8k2, n8c2, n8c4, n32t, n8t, n8c2d";
     }
   }
-  // Out of range: clamped, never past kMaxL2Ahead or below 0.
-  {
-    const ScopedL2Ahead big(1000);
-    EXPECT_EQ(cuda::L2Ahead(), cuda::kMaxL2Ahead);
+  ExpectClampedTo<&cuda::L2Ahead, &cuda::SetL2Ahead>(cuda::kMaxL2Ahead);
+}
+
+// The decode configs' early prefetch (GemmParams::early_steps: before the dependency wait, the L2 is
+// asked for each CTA's first steps; FC1 guesses its tile's expert from the ids) leaves every
+// result bit-identical: at T = 1 and 2 FC1 guesses (uniform ids; one expert in every slot, where
+// the routing merges the slots into one tile and the guesses past it find none; invalid and
+// out-of-range ids), at T = 37 only FC2 prefetches; 1 step, 3 and 16 (past every CTA's part of the
+// reduction). As for the look-ahead, a prefetch of the wrong bytes has no result to see; this sees
+// the early instance computing anything differently or faulting on an address.
+TEST(CudaGemmConfigs, EarlyPrefetchLeavesResultsBitIdentical) {
+  MXMOE_REQUIRE_SM90();
+  const LayerShape s{12, 992, 320, 6};
+  ExpertSet set = SyntheticSet(s, SpecFor(ActivationType::Situ, s.num_experts), 2100, {}, false);
+  auto moe = MakeCudaMoe(set);
+  ASSERT_TRUE(moe);
+  uint64_t seed = 2100;
+  int checked = 0;
+  for (int64_t t : {1, 2, 37}) {
+    for (RoutingPattern pat : {RoutingPattern::kUniform, RoutingPattern::kOneExpert, RoutingPattern::kWithInvalid}) {
+      SyntheticInput in;
+      MakeSyntheticInput(s, t, pat, ++seed, &in);
+      DeviceCase dc(*moe, in);
+      for (cuda::GemmConfigId id : {cuda::GemmConfigId::kN8, cuda::GemmConfigId::kN8k2, cuda::GemmConfigId::kN8c2,
+                                    cuda::GemmConfigId::kN8c4, cuda::GemmConfigId::kN8c2d}) {
+        const ForcedConfig forced(static_cast<int>(id));
+        std::vector<float> without;
+        {
+          const ScopedEarlySteps off(0);
+          without = dc.RunF32();
+        }
+        for (int steps : {1, 3, 16}) {
+          const ScopedEarlySteps on(steps);
+          SCOPED_TRACE(std::string(cuda::GemmInfo(id).name) + " early " + std::to_string(steps) + " " +
+                       RoutingPatternName(pat) + " T=" + std::to_string(t));
+          EXPECT_TRUE(BitwiseEqual(dc.RunF32(), without));
+        }
+        ++checked;
+      }
+    }
   }
-  const ScopedL2Ahead negative(-5);
-  EXPECT_EQ(cuda::L2Ahead(), 0);
+  EXPECT_EQ(checked, 3 * 3 * 5);
+  ExpectClampedTo<&cuda::EarlySteps, &cuda::SetEarlySteps>(cuda::kMaxEarlySteps);
+}
+
+// The FC2 cap (kFc2CapMinFc1CtasPerSm): a decode call whose FC1 grid holds at least 4 CTAs per SM
+// launches FC2 under PDL with its shared memory raised (Kimi-K3's rows at T = 1: n8c2, 24 row blocks
+// x 16 tiles x 2 = 768 FC1 CTAs, 4 per SM up to 192 SMs). The results are the same bits with the
+// rule on (CappedFc2Launches counts its launches) and off, and match the reference; T = 40 (640
+// pairs, no decode call) never takes it.
+TEST(CudaGemmConfigs, CappedFc2LeavesResultsBitIdentical) {
+  MXMOE_REQUIRE_SM90();
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  LayerShape s = kKimiK3Shape;
+  s.num_experts = 16;
+  ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 2200);
+  auto moe = MakeCudaMoe(set);
+  ASSERT_TRUE(moe);
+  for (int64_t t : {1, 40}) {
+    SCOPED_TRACE("T=" + std::to_string(t));
+    SyntheticInput in;
+    MakeSyntheticInput(s, t, RoutingPattern::kUniform, 2201 + t, &in);
+    DeviceCase dc(*moe, in);
+    std::vector<float> off;
+    {
+      const ScopedFc2Cap cap(0);
+      const int64_t before = cuda::CappedFc2Launches();
+      off = dc.RunF32();
+      EXPECT_EQ(cuda::CappedFc2Launches(), before);
+    }
+    const ScopedFc2Cap cap(cuda::kDefaultFc2Smem);
+    const int64_t before = cuda::CappedFc2Launches();
+    const auto on = dc.RunF32();
+    const bool fires = t == 1 && 768 >= cuda::kFc2CapMinFc1CtasPerSm * sms;
+    EXPECT_EQ(cuda::CappedFc2Launches() - before, fires ? 1 : 0);
+    EXPECT_TRUE(BitwiseEqual(on, off));
+    EXPECT_TRUE(MoeCloseF32(on, dc.RunF32(/*reference=*/true), {in.num_tokens, s.hidden}, s.top_k * s.intermediate));
+  }
+  ExpectClampedTo<&cuda::Fc2CapSmem, &cuda::SetFc2CapSmem>(cuda::kMaxFc2Smem);
 }
 
 // The integer settings read from the environment (MXMOE_L2_AHEAD's kind): a whole decimal in range

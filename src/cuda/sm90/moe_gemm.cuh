@@ -24,6 +24,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "cuda/kernel_timeline.cuh"
 #include "cuda/launch_util.cuh"
 #include "cuda/moe_kernels.h"
 #include "cuda/ptx.cuh"
@@ -273,25 +274,97 @@ __device__ __forceinline__ void MmaTileEpilogue(const GemmParams& p, const TileC
   }
 }
 
+// ---- the early prefetch (GemmParams::early_steps) ----------------------------------------------
+// FC1's guess of the local expert of tile `tile` from the call's ids, in warp 0 (every lane gets
+// it; -1 for none): the tile-th smallest distinct local expert among p.early_ids.
+__device__ __forceinline__ int GuessTileExpert(const GemmParams& p, int tile, int lane) {
+  constexpr unsigned kAll = 0xFFFFFFFFu;
+  int e = INT_MAX;
+  if (lane < p.early_pairs) {
+    const int64_t local = static_cast<int64_t>(__ldcg(p.early_ids + lane)) - p.early_first_expert;
+    if (local >= 0 && local < p.early_num_local) e = static_cast<int>(local);
+  }
+  bool first = e != INT_MAX;  // this lane holds the first occurrence of its expert
+  for (int i = 0; i < p.early_pairs; ++i) {
+    const int v = __shfl_sync(kAll, e, i);
+    if (i < lane && v == e) first = false;
+  }
+  const unsigned firsts = __ballot_sync(kAll, first);
+  int rank = 0;
+  for (int i = 0; i < p.early_pairs; ++i) {
+    const int v = __shfl_sync(kAll, e, i);
+    if (((firsts >> i) & 1u) != 0 && v < e) ++rank;
+  }
+  const unsigned hit = __ballot_sync(kAll, first && rank == tile);
+  return hit != 0 ? __shfl_sync(kAll, e, __ffs(hit) - 1) : -1;
+}
+
+// One thread: asks the L2 for `steps` steps from step k_first of local expert `expert`'s row block
+// `block` (weights and scales; a block's steps are consecutive in the prepacked layout: two bulk
+// prefetches).
+__device__ __forceinline__ void PrefetchBlockSteps(const GemmParams& p, int expert, int block, int k_first, int steps) {
+  if (steps <= 0) return;
+  TileCoords tc;
+  tc.expert = expert;
+  tc.group0 = static_cast<int64_t>(block) * kBlockRowGroups;
+  const int groups = GroupsOf(p, tc);
+  const int64_t first_tile = static_cast<int64_t>(expert) * p.a_shape.Tiles() + p.a_shape.TileIndex(tc.group0, k_first);
+  ptx::PrefetchBulkL2(p.a_tiles + first_tile * kTileBytes, static_cast<uint32_t>(steps * groups * kTileBytes));
+  ptx::PrefetchBulkL2(p.a_scales + first_tile * kTileScaleBytes,
+                      static_cast<uint32_t>(steps * groups * kTileScaleBytes));
+}
+
+// Warp 0, before the dependency wait: thread 0 asks the L2 for the CTA's first p.early_steps steps
+// of weights and scales (PrefetchBlockSteps). FC2 reads its tile through the L2 (__ldcg); FC1 guesses it
+// (GuessTileExpert).
+template <class Cfg, bool kFc1>
+__device__ __forceinline__ void PrefetchBeforeWait(const GemmParams& p, int warp, int lane) {
+  if (warp != 0) return;
+  const uint32_t item = blockIdx.x / Cfg::kClusterK;
+  const int tile = static_cast<int>(item / static_cast<uint32_t>(p.m_tiles));
+  int expert = -1;
+  if constexpr (kFc1) {
+    if (p.early_ids != nullptr) expert = GuessTileExpert(p, tile, lane);
+  } else {
+    if (lane == 0 && tile < __ldcg(p.num_tiles)) expert = __ldcg(&p.tiles[tile].x);
+  }
+  if (lane != 0 || expert < 0) return;
+  const int k_all = static_cast<int>(p.a_shape.col_tiles);
+  const int k_per = (k_all + Cfg::kClusterK - 1) / Cfg::kClusterK;
+  const int k_first = Cfg::kClusterK > 1 ? min(k_all, static_cast<int>(ptx::ClusterCtaRank()) * k_per) : 0;
+  PrefetchBlockSteps(p, expert, static_cast<int>(item % static_cast<uint32_t>(p.m_tiles)), k_first,
+                     min(p.early_steps, min(k_all - k_first, k_per)));
+}
+
 // ---- kernel -----------------------------------------------------------------------------------
 // kL2Ahead: the instance that reads p.l2_ahead (launched when it is positive, for configs with
 // kLooksAhead). The other has none of its code: the look-ahead's checks and addresses cost n8's
 // kernels 6 registers, and n64's FC1 would spill.
 template <class Cfg>
 inline constexpr bool kLooksAhead = Cfg::kBlockN <= 32;
+// kEarly: the instance that prefetches before its wait (launched when p.early_steps is positive and
+// p.l2_ahead is not), for the decode configs only.
+template <class Cfg>
+inline constexpr bool kPrefetchesEarly = Cfg::kBlockN == 8;
 
-template <class Cfg, bool kFc1, bool kL2Ahead = false>
+template <class Cfg, bool kFc1, bool kL2Ahead = false, bool kEarly = false>
 __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_constant__ GemmParams p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900)
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ int32_t smem_rows[Cfg::kBlockN];  // B source row of each tile column, -1 past the segment
   // -DMXMOE_LATE_TRIGGER=1 (an experiment, perf-log v22): the next kernel's CTAs may be placed only
   // once this grid's CTAs are past their main loops, not from the start (matters only under PDL).
+  // (kernel_timeline.cuh; empty unless built with MXMOE_KERNEL_TIMELINE)
+  TimelineClock timeline(kTimelineEveryCta || blockIdx.x == 0);
+  timeline.Start();
+  static_assert(!kEarly || kPrefetchesEarly<Cfg>, "only the decode configs have the instance");
+  if constexpr (kEarly) PrefetchBeforeWait<Cfg, kFc1>(p, threadIdx.x >> 5, threadIdx.x & 31);
 #if MXMOE_LATE_TRIGGER
   ptx::GridDependencyWait();
 #else
   ptx::EnterPipelineKernel();
 #endif
+  timeline.Waited(kFc1 ? TimelineKernel::kFc1 : TimelineKernel::kFc2);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   // The cluster's CTAs share one work item; CTA k_part takes the reduction's steps
@@ -467,11 +540,15 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
       }
     }
     ptx::ClusterSync();
-    if (k_part > 0) return;
+    if (k_part > 0) {
+      timeline.End();
+      return;
+    }
   }
   // (The stages become the staging planes once every warp is done reading them.)
   MmaTileEpilogue<Cfg, kFc1>(p, tc, groups, acc, holds_sums, row_warp, warp, lane, smem);
   RecordConsumerPhases<kFc1>(clock, tid == 0);
+  timeline.End();
 #else
   __trap();  // built for SM90 only; cuda_moe.cu refuses other devices before launching
 #endif
@@ -581,10 +658,24 @@ template <class Cfg>
 cudaError_t PrepareGemmConfig() {
   RegisterPhaseCycles("mma.sync BLOCK_N %d, %d stages, split %d ways in the CTA, %d CTAs per cluster", Cfg::kBlockN,
                       Cfg::kStages, Cfg::kSplitK, Cfg::kClusterK);
+  RegisterTimeline();
   cudaError_t e = AllowDynamicSmem(MoeGemmKernel<Cfg, true>, MoeGemmKernel<Cfg, false>, Cfg::kSmemBytes);
   if constexpr (kLooksAhead<Cfg>) {
     if (e == cudaSuccess)
       e = AllowDynamicSmem(MoeGemmKernel<Cfg, true, true>, MoeGemmKernel<Cfg, false, true>, Cfg::kSmemBytes);
+  }
+  if constexpr (kPrefetchesEarly<Cfg>) {
+    if (e == cudaSuccess)
+      e = AllowDynamicSmem(MoeGemmKernel<Cfg, true, false, true>, MoeGemmKernel<Cfg, false, false, true>,
+                           Cfg::kSmemBytes);
+    // (FC2's capped launches, GemmParams::launch_smem: the limit is the most a launch may ask for,
+    // not what it takes.)
+    static_assert(kMaxFc2Smem <= 227 * 1024, "SM90 shared memory per block");
+    if (e == cudaSuccess && kMaxFc2Smem > Cfg::kSmemBytes) {
+      e = AllowDynamicSmem(MoeGemmKernel<Cfg, false>, MoeGemmKernel<Cfg, false, false, true>, kMaxFc2Smem);
+      if (e == cudaSuccess)
+        e = AllowDynamicSmem(MoeGemmKernel<Cfg, false, true>, MoeGemmKernel<Cfg, false, true>, kMaxFc2Smem);
+    }
   }
   return e;
 }
@@ -595,11 +686,20 @@ cudaError_t LaunchGemmConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, c
   bool launch = false;
   if (const cudaError_t e = GridOf(grid_ctas * Cfg::kClusterK, &grid, &launch); e != cudaSuccess || !launch) return e;
   auto kernel = fc1 ? MoeGemmKernel<Cfg, true> : MoeGemmKernel<Cfg, false>;
+  if constexpr (kPrefetchesEarly<Cfg>) {
+    if (p.early_steps > 0)
+      kernel = fc1 ? MoeGemmKernel<Cfg, true, false, true> : MoeGemmKernel<Cfg, false, false, true>;
+  }
   if constexpr (kLooksAhead<Cfg>) {
     if (p.l2_ahead > 0) kernel = fc1 ? MoeGemmKernel<Cfg, true, true> : MoeGemmKernel<Cfg, false, true>;
   }
-  return LaunchKernelInClusters(kernel, GemmPdlSite(fc1), grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream,
-                                Cfg::kClusterK, p);
+  int smem = Cfg::kSmemBytes;
+  if (kPrefetchesEarly<Cfg> && !fc1 && p.launch_smem > smem) {
+    if (p.launch_smem > kMaxFc2Smem) return cudaErrorInvalidValue;  // (beyond the limit PrepareGemmConfig set)
+    smem = p.launch_smem;
+    CountCappedFc2Launch();
+  }
+  return LaunchKernelInClusters(kernel, GemmPdlSite(fc1), grid, dim3(Cfg::kThreads), smem, stream, Cfg::kClusterK, p);
 }
 
 template <class Cfg>
@@ -609,8 +709,8 @@ int ResidentCtasOf(bool fc1) {
 
 template <class Cfg>
 GemmConfigInfo InfoOf(const char* name) {
-  return {name, Cfg::kBlockM, Cfg::kBlockN, Cfg::kThreads, Cfg::kStages, Cfg::kSmemBytes, false, 0,
-          kLooksAhead<Cfg>, &ResidentCtasOf<Cfg>};
+  return {name, Cfg::kBlockM,     Cfg::kBlockN,         Cfg::kThreads, Cfg::kStages, Cfg::kSmemBytes, false,
+          0,    kLooksAhead<Cfg>, &ResidentCtasOf<Cfg>, Cfg::kClusterK};
 }
 
 template <class Cfg>

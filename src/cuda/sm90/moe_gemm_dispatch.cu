@@ -82,6 +82,7 @@ cudaError_t PrepareGemmKernels() {
 
 namespace {
 std::atomic<int> persistent_cta_limit{0};
+std::atomic<int64_t> capped_fc2_launches{0};
 EnvSwitch& PersistentFc1() {
   static EnvSwitch on{"MXMOE_FC1_PERSISTENT", kPersistentFc1Default};
   return on;
@@ -90,10 +91,24 @@ EnvInt& L2AheadSetting() {
   static EnvInt steps{"MXMOE_L2_AHEAD", 0, kMaxL2Ahead, 0};
   return steps;
 }
+EnvInt& Fc2SmemSetting() {
+  static EnvInt bytes{"MXMOE_FC2_SMEM", 0, kMaxFc2Smem, kDefaultFc2Smem};
+  return bytes;
+}
+EnvInt& EarlyStepsSetting() {
+  static EnvInt steps{"MXMOE_EARLY_STEPS", 0, kMaxEarlySteps, kDefaultEarlySteps};
+  return steps;
+}
 }  // namespace
 
 void SetL2Ahead(int steps) { L2AheadSetting().Set(steps); }
 int L2Ahead() { return L2AheadSetting().Get(); }
+void SetEarlySteps(int steps) { EarlyStepsSetting().Set(steps); }
+int EarlySteps() { return EarlyStepsSetting().Get(); }
+int Fc2CapSmem() { return Fc2SmemSetting().Get(); }
+void SetFc2CapSmem(int bytes) { Fc2SmemSetting().Set(bytes); }
+void CountCappedFc2Launch() { capped_fc2_launches.fetch_add(1, std::memory_order_relaxed); }
+int64_t CappedFc2Launches() { return capped_fc2_launches.load(std::memory_order_relaxed); }
 
 void SetPersistentFc1(bool on) { PersistentFc1().Set(on); }
 bool PersistentFc1Enabled() { return PersistentFc1().Get(); }
