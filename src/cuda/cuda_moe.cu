@@ -351,15 +351,16 @@ class Sm90Path final : public KernelPath {
       return CudaCheck(cuda::LaunchFusedDecode(d, stream), "fused decode GEMMs (" + choice.name + ")");
     }
     // A decode call whose FC1 fills the SMs launches FC2 with PDL too, its CTAs capped
-    // (kFc2CapMinFc1CtasPerSm, perf-log v32; MXMOE_PDL, where set, still decides the sites).
+    // (kFc2CapMinFc1CtasPerSm, perf-log v32). MXMOE_PDL, where set, still decides the sites: without
+    // PDL on FC2's edge, FC2 keeps its own shared memory.
     const cuda::GemmConfigInfo info2 = cuda::GemmInfo(id2);
-    const bool cap_fc2 =
+    const bool fc1_fills =
         (cuda::PdlDefaultSites() & static_cast<unsigned>(cuda::PdlSite::kFc1)) != 0 && cuda::Fc2CapSmem() > 0 &&
         info2.block_n == 8 && !info2.loads_sorted_rows &&
         m_tiles13 * call.max_tiles * cuda::GemmInfo(id).cluster_ctas >= int64_t{cuda::kFc2CapMinFc1CtasPerSm} * sms_;
-    if (cap_fc2) g2.launch_smem = cuda::Fc2CapSmem();
     const cuda::ScopedPdlDefault pdl(cuda::PdlDefaultSites() |
-                                     (cap_fc2 ? static_cast<unsigned>(cuda::PdlSite::kFc2) : 0u));
+                                     (fc1_fills ? static_cast<unsigned>(cuda::PdlSite::kFc2) : 0u));
+    if (fc1_fills && cuda::PdlAt(cuda::PdlSite::kFc2)) g2.launch_smem = cuda::Fc2CapSmem();
     MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchGemm(id, true, g1, m_tiles13 * call.max_tiles, stream),
                                     std::string("FC1 grouped GEMM (") + choice.name + ")"));
     return CudaCheck(cuda::LaunchGemm(id2, false, g2, m_tiles2 * call.max_tiles, stream),
