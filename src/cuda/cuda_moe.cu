@@ -355,8 +355,8 @@ class Sm90Path final : public KernelPath {
     // PDL on FC2's edge, FC2 keeps its own shared memory.
     const cuda::GemmConfigInfo info2 = cuda::GemmInfo(id2);
     const bool fc1_fills =
-        (cuda::PdlDefaultSites() & static_cast<unsigned>(cuda::PdlSite::kFc1)) != 0 && cuda::Fc2CapSmem() > 0 &&
-        info2.block_n == 8 && !info2.loads_sorted_rows &&
+        (cuda::PdlDefaultSites() & static_cast<unsigned>(cuda::PdlSite::kFc1)) != 0 &&
+        cuda::Fc2CapSmem() > info2.smem_bytes && info2.block_n == 8 && !info2.loads_sorted_rows &&
         m_tiles13 * call.max_tiles * cuda::GemmInfo(id).cluster_ctas >= int64_t{cuda::kFc2CapMinFc1CtasPerSm} * sms_;
     const cuda::ScopedPdlDefault pdl(cuda::PdlDefaultSites() |
                                      (fc1_fills ? static_cast<unsigned>(cuda::PdlSite::kFc2) : 0u));

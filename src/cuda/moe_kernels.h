@@ -259,7 +259,7 @@ int EarlySteps();
 // later. FC2's CTAs then start on the SMs FC1 leaves first and prefetch their first steps
 // (early_steps) in FC1's tail. Without the cap, PDL on FC2 put up to 7 of its CTAs on those SMs
 // and one on others, and Kimi-K3 T = 1 took 7% longer (an H100). MXMOE_FC2_SMEM=<bytes> (read
-// once; 0 turns the rule off) sets the bytes.
+// once) sets the bytes; 0, or no more than FC2's config takes anyway, turns the rule off.
 inline constexpr int kMaxFc2Smem = 200 * 1024;
 inline constexpr int kDefaultFc2Smem = 56000;
 inline constexpr int kFc2CapMinFc1CtasPerSm = 4;

@@ -352,14 +352,14 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900)
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ int32_t smem_rows[Cfg::kBlockN];  // B source row of each tile column, -1 past the segment
-  // -DMXMOE_LATE_TRIGGER=1 (an experiment, perf-log v22): the next kernel's CTAs may be placed only
-  // once this grid's CTAs are past their main loops, not from the start (matters only under PDL).
   // (kernel_timeline.cuh; empty unless built with MXMOE_KERNEL_TIMELINE)
   TimelineClock timeline(kTimelineEveryCta || blockIdx.x == 0);
   timeline.Start();
   static_assert(!kEarly || kPrefetchesEarly<Cfg>, "only the decode configs have the instance");
   if constexpr (kEarly) PrefetchBeforeWait<Cfg, kFc1>(p, threadIdx.x >> 5, threadIdx.x & 31);
 #if MXMOE_LATE_TRIGGER
+  // -DMXMOE_LATE_TRIGGER=1 (an experiment, perf-log v22): the next kernel's CTAs may be placed only
+  // once this grid's CTAs are past their main loops, not from the start (matters only under PDL).
   ptx::GridDependencyWait();
 #else
   ptx::EnterPipelineKernel();
