@@ -14,7 +14,7 @@ fastest CTA, 10%, half, 90%, the last) and the SMs' last ends against the CTAs e
 import statistics
 import sys
 
-KINDS = {0: "route", 1: "fc1", 2: "fc2", 3: "combine", 4: "fused"}
+KINDS = {0: "route", 1: "fc1", 2: "fc2", 3: "combine"}
 
 
 def med(values):

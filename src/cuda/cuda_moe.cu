@@ -266,6 +266,8 @@ class Sm90Path final : public KernelPath {
   }
   Status LaunchGemms(const GemmChoice& choice, const GemmCall& call, cudaStream_t stream) const override {
     const cuda::GemmConfigId id = static_cast<cuda::GemmConfigId>(choice.config);
+    const cuda::GemmConfigId id2 = static_cast<cuda::GemmConfigId>(choice.config_fc2);
+    const cuda::GemmConfigInfo info = cuda::GemmInfo(id), info2 = cuda::GemmInfo(id2);
     const int32_t m_tiles13 = static_cast<int32_t>((w13_.row_groups + cuda::kBlockRowGroups - 1) / cuda::kBlockRowGroups);
     const int32_t m_tiles2 = static_cast<int32_t>((w2_.row_groups + cuda::kBlockRowGroups - 1) / cuda::kBlockRowGroups);
     uint16_t* h = reinterpret_cast<uint16_t*>(call.h);
@@ -290,7 +292,7 @@ class Sm90Path final : public KernelPath {
     cuda::GemmParams g1 = g;
     // FC1's guess of its tiles' experts for the early prefetch (GemmParams::early_ids): the call's
     // ids, where one warp holds them all.
-    if (call.topk_ids != nullptr && call.tokens * call.top_k <= 32) {
+    if (call.topk_ids != nullptr && call.tokens * call.top_k <= cuda::kEarlyGuessMaxPairs) {
       g1.early_ids = call.topk_ids;
       g1.early_pairs = static_cast<int32_t>(call.tokens * call.top_k);
       g1.early_num_local = static_cast<int32_t>(dims_.num_local);
@@ -302,7 +304,7 @@ class Sm90Path final : public KernelPath {
     g1.b = reinterpret_cast<const uint16_t*>(call.xq);
     g1.b_stride = XStride();
     g1.b_rows = call.chunk_tokens;
-    if (cuda::GemmInfo(id).loads_sorted_rows) {
+    if (info.loads_sorted_rows) {
       // The configs fed by TMA load a tile's tokens as boxes of rows: gather them in sorted order
       // first, into y's space (y is written only by FC2, and a bf16 row of XStride() fits in an fp32
       // row of K).
@@ -318,10 +320,9 @@ class Sm90Path final : public KernelPath {
     g1.m_tiles = m_tiles13;
     // The L2 look-ahead for a config that reads it (Choose names it where it does); the others,
     // n8f's fallback to n8's kernels too, get none.
-    const cuda::GemmConfigId id2 = static_cast<cuda::GemmConfigId>(choice.config_fc2);
-    g1.l2_ahead = cuda::GemmInfo(id).looks_ahead ? cuda::L2Ahead() : 0;
+    g1.l2_ahead = info.looks_ahead ? cuda::L2Ahead() : 0;
     cuda::GemmParams g2 = g;
-    g2.l2_ahead = cuda::GemmInfo(id2).looks_ahead ? cuda::L2Ahead() : 0;
+    g2.l2_ahead = info2.looks_ahead ? cuda::L2Ahead() : 0;
     if (call.fc2_pairs != nullptr) g2.sorted_pairs = call.fc2_pairs;
     if (call.fc2_weights != nullptr) g2.topk_weights = call.fc2_weights;
     g2.a_tiles = w2_tiles_.As<uint8_t>();
@@ -353,11 +354,10 @@ class Sm90Path final : public KernelPath {
     // A decode call whose FC1 fills the SMs launches FC2 with PDL too, its CTAs capped
     // (kFc2CapMinFc1CtasPerSm, perf-log v32). MXMOE_PDL, where set, still decides the sites: without
     // PDL on FC2's edge, FC2 keeps its own shared memory.
-    const cuda::GemmConfigInfo info2 = cuda::GemmInfo(id2);
     const bool fc1_fills =
         (cuda::PdlDefaultSites() & static_cast<unsigned>(cuda::PdlSite::kFc1)) != 0 &&
         cuda::Fc2CapSmem() > info2.smem_bytes && info2.block_n == 8 && !info2.loads_sorted_rows &&
-        m_tiles13 * call.max_tiles * cuda::GemmInfo(id).cluster_ctas >= int64_t{cuda::kFc2CapMinFc1CtasPerSm} * sms_;
+        m_tiles13 * call.max_tiles * info.cluster_ctas >= int64_t{cuda::kFc2CapMinFc1CtasPerSm} * sms_;
     const cuda::ScopedPdlDefault pdl(cuda::PdlDefaultSites() |
                                      (fc1_fills ? static_cast<unsigned>(cuda::PdlSite::kFc2) : 0u));
     if (fc1_fills && cuda::PdlAt(cuda::PdlSite::kFc2)) g2.launch_smem = cuda::Fc2CapSmem();

@@ -1,21 +1,16 @@
 // When a decode call's kernels start, get past their dependency wait and end, for diagnosis: built
-// with -DMXMOE_KERNEL_TIMELINE, thread 0 of CTA 0 of each pipeline kernel (the small-call routing,
-// the mma.sync GEMMs, the fused decode kernel and the combine) reads %globaltimer before its
-// griddepcontrol.wait, after it, and at its end, and appends the three times with the kernel's
-// kind to a device table of its translation unit. At exit every unit that launched prints its
-// records on stderr ("mxmoe timeline: <kind> <start> <waited> <end>", ns); scripts/timeline_report.py
-// groups them into calls and prints the medians. Under programmatic dependent launch a kernel's
-// "waited" time is when the kernel before it had completed and its writes were visible, so the
-// chain of those times is the call's critical path. Writing to memory costs a few instructions per
-// kernel, where printing from the kernels cost ~30 µs each (perf-log v31). Without the macro
-// every piece compiles to nothing. -DMXMOE_KERNEL_TIMELINE=2 has every CTA of the GEMM kernels keep
-// its times (kTimelineEveryCta), with its SM and index beside the kind: <kind> is then
-// kind + 256 * SM + 2^20 * CTA, and CTAs that end without a tile have no end (0).
-#ifdef MXMOE_KERNEL_TIMELINE
-inline constexpr bool kTimelineEveryCta = MXMOE_KERNEL_TIMELINE + 0 >= 2;
-#else
-inline constexpr bool kTimelineEveryCta = false;
-#endif
+// with -DMXMOE_KERNEL_TIMELINE, thread 0 of one CTA of each pipeline kernel (the small-call
+// routing's routing CTA, CTA 0 of the mma.sync GEMMs and of the combine; n8f's one kernel is not
+// timed) reads %globaltimer before its griddepcontrol.wait, after it, and at its end, and appends
+// the three times with the kernel's kind to a device table of its translation unit. At exit every
+// unit that launched prints its records on stderr ("mxmoe timeline: <kind> <start> <waited> <end>",
+// ns); scripts/timeline_report.py groups them into calls and prints the medians. Under programmatic
+// dependent launch a kernel's "waited" time is when the kernel before it had completed and its
+// writes were visible, so the chain of those times is the call's critical path. Writing to memory
+// costs a few instructions per kernel, where printing from the kernels cost ~30 µs each (perf-log
+// v31). Without the macro every piece compiles to nothing. -DMXMOE_KERNEL_TIMELINE=2 has every CTA
+// of the GEMM kernels keep its times (kTimelineEveryCta), with its SM and index beside the kind:
+// <kind> is then kind + 256 * SM + 2^20 * CTA, and CTAs that end without a tile have no end (0).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,14 +18,16 @@ inline constexpr bool kTimelineEveryCta = false;
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #include "cuda/ptx.cuh"
 
 namespace mxmoe::cuda {
 
-enum class TimelineKernel : unsigned { kRoute = 0, kFc1 = 1, kFc2 = 2, kCombine = 3, kFusedDecode = 4 };
+enum class TimelineKernel : unsigned { kRoute = 0, kFc1 = 1, kFc2 = 2, kCombine = 3 };
 
 #ifdef MXMOE_KERNEL_TIMELINE
+inline constexpr bool kTimelineEveryCta = MXMOE_KERNEL_TIMELINE + 0 >= 2;
 inline constexpr unsigned kTimelineRecords = 1u << 18;
 // This translation unit's records: start, waited, end, kind.
 static __device__ unsigned long long g_timeline[kTimelineRecords][4];
@@ -73,14 +70,10 @@ static void PrintTimeline() {
     std::fprintf(stderr, "mxmoe timeline: %u records, the first %u kept\n", count, kTimelineRecords);
     count = kTimelineRecords;
   }
-  if (count == 0) return;
-  auto* rows = static_cast<unsigned long long(*)[4]>(std::malloc(sizeof(unsigned long long[4]) * count));
-  if (rows == nullptr) return;
-  if (cudaMemcpyFromSymbol(rows, g_timeline, sizeof(unsigned long long[4]) * count) == cudaSuccess) {
-    for (unsigned i = 0; i < count; ++i)
-      std::fprintf(stderr, "mxmoe timeline: %llu %llu %llu %llu\n", rows[i][3], rows[i][0], rows[i][1], rows[i][2]);
-  }
-  std::free(rows);
+  std::vector<unsigned long long> rows(4 * size_t{count});
+  if (count == 0 || cudaMemcpyFromSymbol(rows.data(), g_timeline, rows.size() * sizeof(rows[0])) != cudaSuccess) return;
+  for (size_t i = 0; i < rows.size(); i += 4)
+    std::fprintf(stderr, "mxmoe timeline: %llu %llu %llu %llu\n", rows[i + 3], rows[i], rows[i + 1], rows[i + 2]);
 }
 
 // Prints this unit's records at exit (an atexit handler: the CUDA runtime is still up); the first
@@ -91,6 +84,7 @@ static void PrintTimeline() {
   std::atexit(&PrintTimeline);
 }
 #else
+inline constexpr bool kTimelineEveryCta = false;
 class TimelineClock {
  public:
   __device__ explicit TimelineClock(bool = true) {}

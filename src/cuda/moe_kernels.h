@@ -223,7 +223,7 @@ struct GemmParams {
   // scales (0: none), so that the stream starts while the kernel before it ends. FC2 takes its
   // tile's expert from the routing (written before FC1 got past its own wait, so before FC2 could
   // be launched); FC1, whose routing is not done yet, guesses it from early_ids, the call's
-  // early_pairs ids (at most 32; null: no guess): tile t is the t-th smallest distinct local
+  // early_pairs ids (at most kEarlyGuessMaxPairs; null: no guess): tile t is the t-th smallest distinct local
   // expert, as the routing numbers the tiles of calls of at most 8 pairs per expert. The prefetch
   // only warms the L2: a wrong or stale guess costs bandwidth, never a result.
   int32_t early_steps = 0;
@@ -244,11 +244,13 @@ inline constexpr int kMaxL2Ahead = 16;
 void SetL2Ahead(int steps);
 int L2Ahead();
 // GemmParams::early_steps, read once from MXMOE_EARLY_STEPS=<0..kMaxEarlySteps> (default
-// kDefaultEarlySteps). On an H100 (perf-log v32) 2, 3 and 4 steps each took 2-3.5% off the T = 1
-// layers of Kimi-K3, DeepSeek-V3 and GPT-OSS-120B and off DeepSeek-V3 and GPT-OSS-120B at T = 2:
-// FC1's CTAs wait ~5.6 µs for the routing, in which 4 steps of 768 CTAs (26 MB) fill the H200's
-// 4 TB/s as 3 fill the H100's. SetEarlySteps for the tests (clamped).
+// kDefaultEarlySteps). On an H100 (perf-log v32) 2, 3 and 4 steps each took 1.6-3.5% off the T = 1
+// layers of Kimi-K3, DeepSeek-V3 and GPT-OSS-120B and 0.4-2.8% off DeepSeek-V3 and GPT-OSS-120B at
+// T = 2, and tied; 8 tied on Kimi-K3 and 16 was slower. FC1's CTAs wait ~5.6 µs for the routing, in
+// which, by arithmetic, 4 steps of 768 CTAs (26 MB) about fill the H200's 4 TB/s. SetEarlySteps
+// for the tests (clamped).
 inline constexpr int kMaxEarlySteps = 16;
+inline constexpr int kEarlyGuessMaxPairs = 32;  // FC1 guesses from one id a lane of a warp
 inline constexpr int kDefaultEarlySteps = 4;
 void SetEarlySteps(int steps);
 int EarlySteps();
@@ -258,7 +260,7 @@ int EarlySteps();
 // (GemmParams::launch_smem), so that no FC2 CTA fits beside FC1's six and at most four share an SM
 // later. FC2's CTAs then start on the SMs FC1 leaves first and prefetch their first steps
 // (early_steps) in FC1's tail. Without the cap, PDL on FC2 put up to 7 of its CTAs on those SMs
-// and one on others, and Kimi-K3 T = 1 took 7% longer (an H100). MXMOE_FC2_SMEM=<bytes> (read
+// and one on others, and Kimi-K3 T = 1 took 5-6% longer (an H100). MXMOE_FC2_SMEM=<bytes> (read
 // once) sets the bytes; 0, or no more than FC2's config takes anyway, turns the rule off.
 inline constexpr int kMaxFc2Smem = 200 * 1024;
 inline constexpr int kDefaultFc2Smem = 56000;

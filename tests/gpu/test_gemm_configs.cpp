@@ -257,35 +257,28 @@ TEST(CudaGemmConfigs, L2LookAheadLeavesResultsBitIdentical) {
 // the early instance computing anything differently or faulting on an address.
 TEST(CudaGemmConfigs, EarlyPrefetchLeavesResultsBitIdentical) {
   MXMOE_REQUIRE_SM90();
-  const LayerShape s{12, 992, 320, 6};
-  ExpertSet set = SyntheticSet(s, SpecFor(ActivationType::Situ, s.num_experts), 2100, {}, false);
-  auto moe = MakeCudaMoe(set);
-  ASSERT_TRUE(moe);
   uint64_t seed = 2100;
   int checked = 0;
-  for (int64_t t : {1, 2, 37}) {
-    for (RoutingPattern pat : {RoutingPattern::kUniform, RoutingPattern::kOneExpert, RoutingPattern::kWithInvalid}) {
-      SyntheticInput in;
-      MakeSyntheticInput(s, t, pat, ++seed, &in);
-      DeviceCase dc(*moe, in);
-      for (cuda::GemmConfigId id : {cuda::GemmConfigId::kN8, cuda::GemmConfigId::kN8k2, cuda::GemmConfigId::kN8c2,
-                                    cuda::GemmConfigId::kN8c4, cuda::GemmConfigId::kN8c2d}) {
-        const ForcedConfig forced(static_cast<int>(id));
-        std::vector<float> without;
-        {
-          const ScopedEarlySteps off(0);
-          without = dc.RunF32();
+  ASSERT_NO_FATAL_FAILURE(ForEachInput(
+      {12, 992, 320, 6}, ActivationType::Situ, seed, {1, 2, 37},
+      {RoutingPattern::kUniform, RoutingPattern::kOneExpert, RoutingPattern::kWithInvalid},
+      [&](DeviceCase& dc, const auto&, int64_t, const std::string& label) {
+        for (cuda::GemmConfigId id : {cuda::GemmConfigId::kN8, cuda::GemmConfigId::kN8k2, cuda::GemmConfigId::kN8c2,
+                                      cuda::GemmConfigId::kN8c4, cuda::GemmConfigId::kN8c2d}) {
+          const ForcedConfig forced(static_cast<int>(id));
+          std::vector<float> without;
+          {
+            const ScopedEarlySteps off(0);
+            without = dc.RunF32();
+          }
+          for (int steps : {1, 3, 16}) {
+            const ScopedEarlySteps on(steps);
+            SCOPED_TRACE(std::string(cuda::GemmInfo(id).name) + " early " + std::to_string(steps) + " " + label);
+            EXPECT_TRUE(BitwiseEqual(dc.RunF32(), without));
+          }
+          ++checked;
         }
-        for (int steps : {1, 3, 16}) {
-          const ScopedEarlySteps on(steps);
-          SCOPED_TRACE(std::string(cuda::GemmInfo(id).name) + " early " + std::to_string(steps) + " " +
-                       RoutingPatternName(pat) + " T=" + std::to_string(t));
-          EXPECT_TRUE(BitwiseEqual(dc.RunF32(), without));
-        }
-        ++checked;
-      }
-    }
-  }
+      }));
   EXPECT_EQ(checked, 3 * 3 * 5);
   ExpectClampedTo<&cuda::EarlySteps, &cuda::SetEarlySteps>(cuda::kMaxEarlySteps);
 }

@@ -284,11 +284,9 @@ __device__ __forceinline__ int GuessTileExpert(const GemmParams& p, int tile, in
     const int64_t local = static_cast<int64_t>(__ldcg(p.early_ids + lane)) - p.early_first_expert;
     if (local >= 0 && local < p.early_num_local) e = static_cast<int>(local);
   }
-  bool first = e != INT_MAX;  // this lane holds the first occurrence of its expert
-  for (int i = 0; i < p.early_pairs; ++i) {
-    const int v = __shfl_sync(kAll, e, i);
-    if (i < lane && v == e) first = false;
-  }
+  static_assert(kEarlyGuessMaxPairs <= 32, "one id a lane");
+  // This lane holds the first occurrence of its expert.
+  const bool first = e != INT_MAX && __ffs(__match_any_sync(kAll, e)) - 1 == lane;
   const unsigned firsts = __ballot_sync(kAll, first);
   int rank = 0;
   for (int i = 0; i < p.early_pairs; ++i) {
