@@ -168,8 +168,9 @@ struct GemmCall {
   bool fused_decode = false;
   int64_t decode_pairs = 0;
   cuda::DecodePlan decode_plan;
-  // The chunk's ids, tokens and output rows, for the combine when the fused decode kernel folds it
-  // in (fold_combine, set by PlanFusedDecode: the call then launches no combine kernel).
+  // The chunk's ids, tokens and output rows, for the combine where the fused decode kernel or FC2
+  // folds it in (fold_combine, set by PlanFusedDecode or PlanFoldedCombine: the call then launches
+  // no combine kernel; FC2 folds it where the call is not fused).
   const int32_t* topk_ids = nullptr;
   int64_t tokens = 0;
   int64_t first_expert = 0;
@@ -215,6 +216,10 @@ class KernelPath {
   // For a call that does (FusesDecode; its routing in LaunchPrepareAndRoute, *pp): its buffers in
   // *call, and pp's cleared words pointed at them.
   virtual void PlanFusedDecode(int64_t /*pairs*/, GemmCall* /*call*/, cuda::PrepareParams* /*pp*/) const {}
+  // For a call that does not fuse, routed by LaunchPrepareAndRoute (*pp): whether FC2 folds the
+  // combine in under `choice`; where it does, sets call->fold_combine and points pp's cleared words
+  // at FC2's counts.
+  virtual void PlanFoldedCombine(const GemmChoice& /*choice*/, GemmCall* /*call*/, cuda::PrepareParams* /*pp*/) const {}
 
  protected:
   cuda::LayerDims dims_;
@@ -325,6 +330,15 @@ class Sm90Path final : public KernelPath {
     g2.l2_ahead = info2.looks_ahead ? cuda::L2Ahead() : 0;
     if (call.fc2_pairs != nullptr) g2.sorted_pairs = call.fc2_pairs;
     if (call.fc2_weights != nullptr) g2.topk_weights = call.fc2_weights;
+    if (call.fold_combine && !call.fused_decode) {  // (PlanFoldedCombine)
+      g2.fold_done = reinterpret_cast<int32_t*>(call.decode_ws);
+      g2.fold_ids = call.topk_ids;
+      g2.fold_tokens = static_cast<int32_t>(call.tokens);
+      g2.fold_num_local = static_cast<int32_t>(dims_.num_local);
+      g2.fold_first_expert = call.first_expert;
+      g2.fold_out = call.out;
+      g2.fold_dtype = call.out_dtype;
+    }
     g2.a_tiles = w2_tiles_.As<uint8_t>();
     g2.a_scales = w2_scales_.As<uint8_t>();
     g2.a_shape = w2_;
@@ -332,6 +346,14 @@ class Sm90Path final : public KernelPath {
     g2.b_stride = g.h_stride;
     g2.b_rows = call.pair_capacity;
     g2.m_tiles = m_tiles2;
+    if (info.block_n == 8 && info2.block_n == 8 && !info2.loads_sorted_rows) {  // (GemmParams::next_steps)
+      g1.next_steps = cuda::Fc1PrefetchFc2();
+      g1.next_a_tiles = g2.a_tiles;
+      g1.next_a_scales = g2.a_scales;
+      g1.next_a_shape = g2.a_shape;
+      g1.next_m_tiles = m_tiles2;
+      g1.next_k_parts = info2.cluster_ctas;
+    }
     if (call.fused_decode) {
       cuda::DecodeParams d;
       d.fc1 = g1;
@@ -363,8 +385,10 @@ class Sm90Path final : public KernelPath {
     if (fc1_fills && cuda::PdlAt(cuda::PdlSite::kFc2)) g2.launch_smem = cuda::Fc2CapSmem();
     MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchGemm(id, true, g1, m_tiles13 * call.max_tiles, stream),
                                     std::string("FC1 grouped GEMM (") + choice.name + ")"));
-    return CudaCheck(cuda::LaunchGemm(id2, false, g2, m_tiles2 * call.max_tiles, stream),
-                     std::string("FC2 grouped GEMM (") + choice.name + ")");
+    MXMOE_RETURN_IF_ERROR(CudaCheck(cuda::LaunchGemm(id2, false, g2, m_tiles2 * call.max_tiles, stream),
+                                    std::string("FC2 grouped GEMM (") + choice.name + ")"));
+    if (g2.fold_done != nullptr) cuda::CountFoldedCombine();
+    return Status::Ok();
   }
   void SetReferenceWeights(cuda::ReferenceParams* p) const override {
     p->w13_tiles = w13_tiles_.As<uint8_t>();
@@ -399,6 +423,20 @@ class Sm90Path final : public KernelPath {
     call->decode_plan = DecodePlanOf(pairs, call->fold_combine ? call->tokens : 0);
     pp->zero = reinterpret_cast<int32_t*>(call->decode_ws);
     pp->zero_words = cuda::DecodeSyncWords(call->decode_plan, call->max_tiles);
+  }
+  // FC2 on the mma.sync kernel's 8-token tiles (GemmParams::fold_done), one count word per W2 row
+  // block at the start of the decode workspace (which holds at least n8f's m2 done words).
+  void PlanFoldedCombine(const GemmChoice& choice, GemmCall* call, cuda::PrepareParams* pp) const override {
+    const cuda::GemmConfigInfo info2 = cuda::GemmInfo(static_cast<cuda::GemmConfigId>(choice.config_fc2));
+    const int64_t m2 = (w2_.row_groups + cuda::kBlockRowGroups - 1) / cuda::kBlockRowGroups;
+    if (!cuda::Fc2CombineEnabled() || call->tokens > cuda::kFc2CombineMaxTokens || info2.block_n != 8 ||
+        info2.loads_sorted_rows || choice.config_fc2 == static_cast<int>(cuda::GemmConfigId::kN8f) ||
+        dims_.hidden % 2 != 0 || call->fc2_pairs != nullptr || call->decode_ws == nullptr ||
+        DecodeBytes(call->tokens * call->top_k) < static_cast<size_t>(m2) * 4)
+      return;
+    call->fold_combine = true;
+    pp->zero = reinterpret_cast<int32_t*>(call->decode_ws);
+    pp->zero_words = m2;
   }
 
  private:
@@ -1122,7 +1160,11 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
     call.first_expert = first_expert_;
     call.out = static_cast<uint8_t*>(out.data) + t0 * k_dim * out_elt;
     call.out_dtype = out.dtype;
-    if (fuse) path_->PlanFusedDecode(pairs, &call, &pp);
+    if (fuse) {
+      path_->PlanFusedDecode(pairs, &call, &pp);
+    } else if (fused_routing) {
+      path_->PlanFoldedCombine(gemm, &call, &pp);
+    }
     if (fused_routing) {
       MXMOE_RETURN_IF_ERROR(
           CudaCheck(cuda::LaunchPrepareAndRoute(pp, rp, stream), "input quantization / routing kernel (small calls)"));

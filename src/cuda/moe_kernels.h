@@ -233,6 +233,27 @@ struct GemmParams {
   int64_t early_first_expert = 0;
   // The launch's dynamic shared memory, at least (the launcher's; the kernel uses its config's).
   int32_t launch_smem = 0;
+  // FC1's CTAs of the decode configs' early instance, past their main loop, ask the L2 for the
+  // first next_steps steps of FC2's weights and scales that FC2's CTA of the same expert and index
+  // within the tile will read (FC2's shape, weights, row blocks and CTAs per tile), so that FC2's
+  // stream starts in FC1's tail (0: none; see SetFc1PrefetchFc2).
+  int32_t next_steps = 0;
+  const uint8_t* next_a_tiles = nullptr;
+  const uint8_t* next_a_scales = nullptr;
+  PackedShape next_a_shape;
+  int32_t next_m_tiles = 0;
+  int32_t next_k_parts = 1;
+  // FC2 with the combine folded in (see SetFc2Combine; null fold_done: the combine kernel runs):
+  // after its y rows, each CTA that holds a tile's sums counts itself in at fold_done[its row
+  // block] (words the routing launch zeroed), and the last of the *num_tiles to arrive writes
+  // out[t, the block's rows] for t < fold_tokens as CombineKernel does, bit for bit.
+  int32_t* fold_done = nullptr;
+  const int32_t* fold_ids = nullptr;  // the call's ids [fold_tokens, top_k]
+  int32_t fold_tokens = 0;
+  int32_t fold_num_local = 0;
+  int64_t fold_first_expert = 0;
+  void* fold_out = nullptr;
+  OutputDType fold_dtype = OutputDType::kF32;
 };
 
 // The mma.sync kernels' L2 look-ahead in steps (GemmParams::l2_ahead): read once from
@@ -271,6 +292,21 @@ int Fc2CapSmem();
 void SetFc2CapSmem(int bytes);
 void CountCappedFc2Launch();
 int64_t CappedFc2Launches();
+// The combine folded into FC2 (GemmParams::fold_done) for decode calls of at most
+// kFc2CombineMaxTokens tokens whose FC2 runs the mma.sync kernel on 8-token tiles (n8, n8k2, n8c2,
+// n8c4, n8c2d; n8f folds its own): MXMOE_FC2_COMBINE=1 (or 0) at start, off by default until
+// measured (perf-log v33). SetFc2Combine for the tests.
+inline constexpr int kFc2CombineMaxTokens = 8;
+void SetFc2Combine(bool on);
+bool Fc2CombineEnabled();
+// GemmParams::next_steps: MXMOE_FC1_PREFETCH_FC2=<0..kMaxEarlySteps> read once, 0 by default until
+// measured (perf-log v33). SetFc1PrefetchFc2 for the tests (clamped).
+void SetFc1PrefetchFc2(int steps);
+int Fc1PrefetchFc2();
+// For the tests: FC2 launches with the combine folded in (CountFoldedCombine, by the launcher) in
+// this process.
+void CountFoldedCombine();
+int64_t FoldedCombines();
 
 // mma.sync kernels (sm90/moe_gemm.cuh) and wgmma kernels (sm90/moe_wgmma.cuh), by BLOCK_N; wg128d
 // is wg128 with more MMAs in flight (forced only; 1.5-4% faster per kernel: perf-log v8), wg128d8

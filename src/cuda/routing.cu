@@ -247,14 +247,17 @@ __device__ void RouteSmallOfCta(const RouteSmallParams& p, KeyAt key_at) {
                                     p.tiles, p.num_tiles, storage.scan, carry);
 }
 
-// The fewest pairs (p.n <= 32: Kimi-K3's one or two tokens) in one warp, without a barrier: the
-// same outputs as RouteSmallOfCta. A bitonic sort of (key, pair) over the lanes (pair = the lane:
-// the composite keys are distinct, so the order is the stable one), a tile starts every
-// p.block_n positions of an expert's run (__match_any_sync gives the run), and each lane finds
-// offsets[e] and tile_offsets[e] for 32 experts at a time by a binary search over the lanes.
-// Every lane of the warp calls it.
+// The fewest pairs (p.n <= 32: Kimi-K3's one or two tokens) without the block's sort or a barrier:
+// the same outputs as RouteSmallOfCta. Every warp of the block sorts (key, pair) over its lanes by
+// a bitonic sort (pair = the lane: the composite keys are distinct, so the order is the stable
+// one); warp 0 writes the sorted pairs and the tile list (a tile starts every p.block_n positions
+// of an expert's run; __match_any_sync gives the run), and each lane of every warp finds
+// offsets[e] and tile_offsets[e] by a binary search over its warp's lanes for the experts
+// e = 32 * (warp + warps * i) + lane. (One warp alone spent ~28 dependent searches on Kimi-K3's 897
+// offsets; 8 warps do 4 each, their loads and searches unrolled.) Every thread of the block calls
+// it, with its warp and the block's warp count.
 template <class KeyAt>
-__device__ void RouteWarp(const RouteSmallParams& p, KeyAt key_at) {
+__device__ void RouteWarps(const RouteSmallParams& p, KeyAt key_at, int warp, int warps) {
   constexpr unsigned kAll = 0xFFFFFFFFu;
   const int lane = static_cast<int>(threadIdx.x % 32);
   // Past n: the largest key, after every real pair (the lane breaks the tie).
@@ -269,14 +272,21 @@ __device__ void RouteWarp(const RouteSmallParams& p, KeyAt key_at) {
       v = (lower == ascending) == (v < o) ? v : o;  // the lower lane of an ascending pair keeps the min
     }
   const int key = static_cast<int>(v >> 32);
-  if (lane < p.n) p.sorted_pairs[lane] = static_cast<int32_t>(v & 0xFFFFFFFFu);
   const unsigned run = __match_any_sync(kAll, key);  // the positions holding this key: one run
   const int in_run = lane - (__ffs(run) - 1);
   const bool head = lane < p.n && key < p.num_local && in_run % p.block_n == 0;
   const unsigned heads = __ballot_sync(kAll, head);
-  if (head) p.tiles[__popc(heads & ((1u << lane) - 1u))] = make_int2(key, in_run);
-  for (int e0 = 0; e0 <= p.num_local; e0 += 32) {
-    const int e = e0 + lane;
+  if (warp == 0) {
+    if (lane < p.n) p.sorted_pairs[lane] = static_cast<int32_t>(v & 0xFFFFFFFFu);
+    if (head) p.tiles[__popc(heads & ((1u << lane) - 1u))] = make_int2(key, in_run);
+    if (lane == 0) {
+      p.num_tiles[0] = __popc(heads);
+      p.num_tiles[1] = 0;  // the persistent FC1 kernel's work counter (GemmParams::work_counter)
+    }
+  }
+  const int stride = 32 * warps;
+#pragma unroll 4
+  for (int e = 32 * warp + lane; e - lane <= p.num_local; e += stride) {
     // Positions before the first key >= e (the keys are sorted over the lanes).
     int pos = 0;
 #pragma unroll
@@ -287,10 +297,6 @@ __device__ void RouteWarp(const RouteSmallParams& p, KeyAt key_at) {
       p.offsets[e] = pos;
       p.tile_offsets[e] = __popc(pos == 32 ? heads : heads & ((1u << pos) - 1u));
     }
-  }
-  if (lane == 0) {
-    p.num_tiles[0] = __popc(heads);
-    p.num_tiles[1] = 0;  // the persistent FC1 kernel's work counter (GemmParams::work_counter)
   }
 }
 
@@ -303,7 +309,7 @@ __global__ void __launch_bounds__(kCtaThreads) RouteSmallKernel(const RouteSmall
 // The smallest calls (at most kThreads pairs) in one launch: blocks before the last quantize x as
 // PrepareKernel's quantization blocks; the last block counts the bad ids and routes, with the keys
 // taken from the ids themselves (none are written), as RouteSmallKernel<kThreads, 1>, or for at
-// most kWarpRoutePairs pairs in its first warp (RouteWarp).
+// most kWarpRoutePairs pairs in its warps without a barrier (RouteWarps).
 __global__ void __launch_bounds__(kThreads)
     PrepareAndRouteKernel(const PrepareParams p, int64_t quant_threads, const RouteSmallParams rp) {
   // (kernel_timeline.cuh; empty unless built with MXMOE_KERNEL_TIMELINE): the routing block's times.
@@ -323,7 +329,7 @@ __global__ void __launch_bounds__(kThreads)
   if (p.bad_ids != nullptr) CountBadIdsOfBlock(IsBadId(id, p.num_experts), p.bad_ids);
   const auto key_at = [&](int pair) { return KeyOfId(p, p.topk_ids[pair]); };
   if (rp.warp_max > 0 && rp.n <= rp.warp_max) {  // (uniform over the block)
-    if (threadIdx.x < 32) RouteWarp(rp, key_at);
+    RouteWarps(rp, key_at, static_cast<int>(threadIdx.x / 32), kThreads / 32);
     timeline.End();
     return;
   }

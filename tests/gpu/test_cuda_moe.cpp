@@ -121,8 +121,8 @@ TEST(CudaMoeSmall, AllKindsPatternsAndTokenCountsMatchReference) {
 }
 
 // 256 pairs are the most that quantize and route in one launch (kFusedRoutePairs); 260 take the
-// two-launch path. With the warp routing on (SetWarpRoute), up to 32 pairs one warp routes
-// (RouteWarp) and 36 take the block's sort. Both sides of each boundary, with -1 slots among them,
+// two-launch path. With the warp routing on (SetWarpRoute), up to 32 pairs the warps route
+// without a barrier (RouteWarps) and 36 take the block's sort. Both sides of each boundary, with -1 slots among them,
 // with the warp routing off and on.
 TEST(CudaMoeSmall, FusedRoutingBoundaryMatchesReference) {
   MXMOE_REQUIRE_SM90();
@@ -145,6 +145,93 @@ TEST(CudaMoeSmall, FusedRoutingBoundaryMatchesReference) {
         SCOPED_TRACE(std::string(RoutingPatternName(pat)) + " T=" + std::to_string(t) + (warp ? " warp" : " block"));
         const WarpRoute route(warp);
         EXPECT_TRUE(MoeCloseF32(dc.RunF32(), want, {t, s.hidden}, s.top_k * s.intermediate));
+      }
+    }
+  }
+}
+
+// The warps' routing (RouteWarps) against the block's sort, array for array, where the layer test
+// above cannot look: up to 896 local experts (the warps' offset searches wrap around the block), an
+// expert-parallel slice (ids of other ranks' experts skipped), -1 and repeated ids, tiles of 8 and
+// of 2 columns (several tiles per expert).
+TEST(CudaMoeSmall, WarpRoutingWritesWhatTheBlockSortWrites) {
+  MXMOE_REQUIRE_SM90();
+  constexpr int64_t kHidden = 64;
+  TestRng rng(71);
+  for (const int32_t num_local : {16, 300, 896}) {
+    for (const int64_t first_expert : {int64_t{0}, int64_t{40}}) {
+      for (const int32_t n : {1, 2, 7, 16, 31, 32}) {
+        for (const int32_t block_n : {8, 2}) {
+          const int32_t top_k = n % 2 == 0 ? n / 2 : n;  // one token of n slots, or two of n / 2
+          const int64_t tokens = n / top_k;
+          const int64_t num_experts = first_expert + num_local + 8;
+          std::vector<int32_t> ids(n);
+          for (int32_t& id : ids) {
+            // Mostly local experts, some repeated, some -1, some of another rank.
+            const int64_t r = rng.Below(10);
+            id = static_cast<int32_t>(r == 1 ? first_expert : rng.Below(num_experts));
+            if (r == 0) id = -1;
+          }
+          SCOPED_TRACE("num_local " + std::to_string(num_local) + " first " + std::to_string(first_expert) + " n " +
+                       std::to_string(n) + " block_n " + std::to_string(block_n));
+          DeviceMem x(tokens * kHidden * 2), xq(tokens * kHidden * 2), dev_ids(n * 4);
+          MXMOE_CUDA_OK(cudaMemset(x.ptr, 0, x.bytes));
+          MXMOE_CUDA_OK(cudaMemcpy(dev_ids.ptr, ids.data(), n * 4, cudaMemcpyHostToDevice));
+          struct Routed {
+            std::vector<int32_t> sorted, offsets, tile_offsets, tiles, num_tiles;
+          };
+          auto route = [&](int32_t warp_max, Routed* out) {
+            DeviceMem sorted(n * 4), offsets((num_local + 1) * 4), tile_offsets((num_local + 1) * 4),
+                tiles((n + 1) * 8), num_tiles(8);
+            for (const DeviceMem* m : {&sorted, &offsets, &tile_offsets, &tiles, &num_tiles})
+              MXMOE_CUDA_OK(cudaMemset(m->ptr, 0xA5, m->bytes));  // poisoned: every word read back is written
+            cuda::PrepareParams pp;
+            pp.num_tokens = tokens;
+            pp.hidden = pp.x_stride = kHidden;
+            pp.x_bf16 = x.As<uint16_t>();
+            pp.xq = xq.As<uint16_t>();
+            pp.topk_ids = dev_ids.As<int32_t>();
+            pp.top_k = top_k;
+            pp.first_expert = first_expert;
+            pp.num_local = num_local;
+            pp.num_experts = num_experts;
+            cuda::RouteSmallParams rp;
+            rp.n = n;
+            rp.num_local = num_local;
+            rp.key_bits = 10;
+            rp.sorted_pairs = sorted.As<int32_t>();
+            rp.offsets = offsets.As<int32_t>();
+            rp.block_n = block_n;
+            rp.tile_offsets = tile_offsets.As<int32_t>();
+            rp.tiles = tiles.As<int2>();
+            rp.num_tiles = num_tiles.As<int32_t>();
+            rp.warp_max = warp_max;
+            MXMOE_CUDA_OK(cuda::LaunchPrepareAndRoute(pp, rp, nullptr));
+            MXMOE_CUDA_OK(cudaDeviceSynchronize());
+            auto read = [](const DeviceMem& m, size_t words) {
+              std::vector<int32_t> v(words);
+              EXPECT_EQ(cudaMemcpy(v.data(), m.ptr, words * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+              return v;
+            };
+            out->num_tiles = read(num_tiles, 2);
+            out->sorted = read(sorted, n);
+            out->offsets = read(offsets, num_local + 1);
+            out->tile_offsets = read(tile_offsets, num_local + 1);
+            out->tiles = read(tiles, 2 * std::clamp(out->num_tiles[0], 0, n));
+          };
+          Routed block, warps;
+          route(0, &block);
+          route(cuda::kWarpRoutePairs, &warps);
+          EXPECT_EQ(warps.num_tiles, block.num_tiles);
+          EXPECT_EQ(warps.sorted, block.sorted);
+          EXPECT_EQ(warps.offsets, block.offsets);
+          EXPECT_EQ(warps.tile_offsets, block.tile_offsets);
+          EXPECT_EQ(warps.tiles, block.tiles);
+          // The block's sort itself against the ids: positions before expert e hold keys below e.
+          int32_t below_last = 0;
+          for (const int32_t id : ids) below_last += id >= first_expert && id < first_expert + num_local;
+          EXPECT_EQ(block.offsets[num_local], below_last);
+        }
       }
     }
   }

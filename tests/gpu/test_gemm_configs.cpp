@@ -55,6 +55,7 @@ void ExpectClampedTo(int max) {
 }
 using ScopedEarlySteps = ScopedSetting<&cuda::EarlySteps, &cuda::SetEarlySteps>;  // MXMOE_EARLY_STEPS
 using ScopedFc2Cap = ScopedSetting<&cuda::Fc2CapSmem, &cuda::SetFc2CapSmem>;      // MXMOE_FC2_SMEM
+using ScopedFc1PrefetchFc2 = ScopedSetting<&cuda::Fc1PrefetchFc2, &cuda::SetFc1PrefetchFc2>;  // MXMOE_FC1_PREFETCH_FC2
 
 // A synthetic layer of activation `kind` (biased for SwiGLU-bias), and for each token count and
 // routing its CPU reference and a DeviceCase: variants(dc, ref, t, label) runs the GPU variants
@@ -253,8 +254,9 @@ TEST(CudaGemmConfigs, L2LookAheadLeavesResultsBitIdentical) {
 // result bit-identical: at T = 1 and 2 FC1 guesses (uniform ids; one expert in every slot, where
 // the routing merges the slots into one tile and the guesses past it find none; invalid and
 // out-of-range ids), at T = 37 only FC2 prefetches; 1 step, 3 and 16 (past every CTA's part of the
-// reduction). As for the look-ahead, a prefetch of the wrong bytes has no result to see; this sees
-// the early instance computing anything differently or faulting on an address.
+// reduction), each also with FC1's CTAs asking for as many of FC2's first steps past their main
+// loop (GemmParams::next_steps). As for the look-ahead, a prefetch of the wrong bytes has no result
+// to see; this sees the early instance computing anything differently or faulting on an address.
 TEST(CudaGemmConfigs, EarlyPrefetchLeavesResultsBitIdentical) {
   MXMOE_REQUIRE_SM90();
   uint64_t seed = 2100;
@@ -275,12 +277,16 @@ TEST(CudaGemmConfigs, EarlyPrefetchLeavesResultsBitIdentical) {
             const ScopedEarlySteps on(steps);
             SCOPED_TRACE(std::string(cuda::GemmInfo(id).name) + " early " + std::to_string(steps) + " " + label);
             EXPECT_TRUE(BitwiseEqual(dc.RunF32(), without));
+            // And FC1's CTAs asking for FC2's first steps past their main loop.
+            const ScopedFc1PrefetchFc2 next(steps);
+            EXPECT_TRUE(BitwiseEqual(dc.RunF32(), without));
           }
           ++checked;
         }
       }));
   EXPECT_EQ(checked, 3 * 3 * 5);
   ExpectClampedTo<&cuda::EarlySteps, &cuda::SetEarlySteps>(cuda::kMaxEarlySteps);
+  ExpectClampedTo<&cuda::Fc1PrefetchFc2, &cuda::SetFc1PrefetchFc2>(cuda::kMaxEarlySteps);
 }
 
 // The FC2 cap (kFc2CapMinFc1CtasPerSm): a decode call whose FC1 grid holds at least 4 CTAs per SM
@@ -318,6 +324,49 @@ TEST(CudaGemmConfigs, CappedFc2LeavesResultsBitIdentical) {
     EXPECT_TRUE(MoeCloseF32(on, dc.RunF32(/*reference=*/true), {in.num_tokens, s.hidden}, s.top_k * s.intermediate));
   }
   ExpectClampedTo<&cuda::Fc2CapSmem, &cuda::SetFc2CapSmem>(cuda::kMaxFc2Smem);
+}
+
+// The combine folded into FC2 (MXMOE_FC2_COMBINE, GemmParams::fold_done): for every config whose FC2
+// runs the mma.sync kernel on 8-token tiles, fp32 and bf16 outputs bit-identical to the combine
+// kernel's, at T = 1, 2 and 8 (folded: FoldedCombines counts one launch a call) and T = 9 (past
+// kFc2CombineMaxTokens: not folded); K = 992 leaves W2's last row block partial, invalid ids
+// leave slots out, and one expert in every slot gives one tile.
+TEST(CudaGemmConfigs, FoldedCombineLeavesResultsBitIdentical) {
+  MXMOE_REQUIRE_SM90();
+  struct ScopedFc2Combine {
+    const bool before = cuda::Fc2CombineEnabled();
+    explicit ScopedFc2Combine(bool on) { cuda::SetFc2Combine(on); }
+    ~ScopedFc2Combine() { cuda::SetFc2Combine(before); }
+  };
+  uint64_t seed = 2300;
+  int checked = 0;
+  ASSERT_NO_FATAL_FAILURE(ForEachInput(
+      {12, 992, 320, 6}, ActivationType::Situ, seed, {1, 2, 8, 9},
+      {RoutingPattern::kUniform, RoutingPattern::kOneExpert, RoutingPattern::kWithInvalid},
+      [&](DeviceCase& dc, const auto& ref, int64_t t, const std::string& label) {
+        for (cuda::GemmConfigId id : {cuda::GemmConfigId::kN8, cuda::GemmConfigId::kN8k2, cuda::GemmConfigId::kN8c2,
+                                      cuda::GemmConfigId::kN8c4, cuda::GemmConfigId::kN8c2d}) {
+          const ForcedConfig forced(static_cast<int>(id));
+          SCOPED_TRACE(std::string(cuda::GemmInfo(id).name) + " " + label);
+          std::vector<float> kernel_f32;
+          std::vector<uint16_t> kernel_bf16;
+          {
+            const ScopedFc2Combine off(false);
+            kernel_f32 = dc.RunF32();
+            kernel_bf16 = dc.RunBf16();
+          }
+          const ScopedFc2Combine on(true);
+          const int64_t before = cuda::FoldedCombines();
+          const auto folded_f32 = dc.RunF32();
+          const auto folded_bf16 = dc.RunBf16();
+          EXPECT_EQ(cuda::FoldedCombines() - before, t <= cuda::kFc2CombineMaxTokens ? 2 : 0);
+          EXPECT_TRUE(BitwiseEqual(folded_f32, kernel_f32));
+          EXPECT_EQ(folded_bf16, kernel_bf16);
+          EXPECT_TRUE(MoeCloseF32(folded_f32, ref, {t, 992}, 6 * 320));
+          ++checked;
+        }
+      }));
+  EXPECT_EQ(checked, 4 * 3 * 5);
 }
 
 // The integer settings read from the environment (MXMOE_L2_AHEAD's kind): a whole decimal in range

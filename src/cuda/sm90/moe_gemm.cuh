@@ -312,6 +312,26 @@ __device__ __forceinline__ void PrefetchBlockSteps(const GemmParams& p, int expe
                       static_cast<uint32_t>(steps * groups * kTileScaleBytes));
 }
 
+// One thread of an FC1 CTA past its main loop (GemmParams::next_steps): FC2's CTA `j` of the tile
+// (its row block j / next_k_parts, its part of the reduction j % next_k_parts) of local expert
+// `expert`, its first next_steps steps asked of the L2 (two bulk prefetches; none for j past FC2's
+// CTAs of a tile).
+__device__ __forceinline__ void PrefetchFc2Steps(const GemmParams& p, int expert, int j) {
+  if (j >= p.next_m_tiles * p.next_k_parts) return;
+  const int block = j / p.next_k_parts, part = j % p.next_k_parts;
+  const int k_all = static_cast<int>(p.next_a_shape.col_tiles);
+  const int k_per = (k_all + p.next_k_parts - 1) / p.next_k_parts;
+  const int k_first = min(k_all, part * k_per);
+  const int steps = min(p.next_steps, min(k_all - k_first, k_per));
+  if (steps <= 0) return;
+  const int64_t groups = p.next_a_shape.GroupsInBlock(block);
+  const int64_t first_tile = static_cast<int64_t>(expert) * p.next_a_shape.Tiles() +
+                             p.next_a_shape.TileIndex(static_cast<int64_t>(block) * kBlockRowGroups, k_first);
+  ptx::PrefetchBulkL2(p.next_a_tiles + first_tile * kTileBytes, static_cast<uint32_t>(steps * groups * kTileBytes));
+  ptx::PrefetchBulkL2(p.next_a_scales + first_tile * kTileScaleBytes,
+                      static_cast<uint32_t>(steps * groups * kTileScaleBytes));
+}
+
 // Warp 0, before the dependency wait: thread 0 asks the L2 for the CTA's first p.early_steps steps
 // of weights and scales (PrefetchBlockSteps). FC2 reads its tile through the L2 (__ldcg); FC1 guesses it
 // (GuessTileExpert).
@@ -332,6 +352,65 @@ __device__ __forceinline__ void PrefetchBeforeWait(const GemmParams& p, int warp
   const int k_first = Cfg::kClusterK > 1 ? min(k_all, static_cast<int>(ptx::ClusterCtaRank()) * k_per) : 0;
   PrefetchBlockSteps(p, expert, static_cast<int>(item % static_cast<uint32_t>(p.m_tiles)), k_first,
                      min(p.early_steps, min(k_all - k_first, k_per)));
+}
+
+// ---- the combine of one row block (n8f's combine units, FC2's folded combine) --------------------
+// out[t, rows [block * 256, + 256) of K] = the sum in slot order of y's rows t * top_k + j over the
+// slots j of token t whose expert is local (ids of -1 and of other ranks' experts add nothing):
+// CombineKernel's sum, bit for bit. Two rows a thread at a time, kThreads threads; a batch of
+// kCombineSlots slots' rows is loaded before any is added, so that many loads are in flight. y is
+// read through the L2: the caller has acquired its writers' stores.
+template <int kThreads>
+__device__ __forceinline__ void CombineRowBlock(const float* y, int64_t y_stride, int32_t top_k, const int32_t* ids,
+                                                int64_t first_expert, int32_t num_local, int64_t hidden, int32_t block,
+                                                int32_t t, void* out, OutputDType dtype) {
+  constexpr int kCombineSlots = 8;
+  for (int r = 2 * static_cast<int>(threadIdx.x); r < kBlockRowGroups * kTileRows; r += 2 * kThreads) {
+    const int64_t row = static_cast<int64_t>(block) * kBlockRowGroups * kTileRows + r;
+    if (row >= hidden) return;  // (K is even: a thread's two rows are both real or both not)
+    float2 acc = make_float2(0.0f, 0.0f);
+    for (int j0 = 0; j0 < top_k; j0 += kCombineSlots) {
+      float2 v[kCombineSlots];
+      bool use[kCombineSlots];
+#pragma unroll
+      for (int b = 0; b < kCombineSlots; ++b) {
+        const int64_t pair = static_cast<int64_t>(t) * top_k + j0 + b;
+        const int64_t local = j0 + b < top_k ? static_cast<int64_t>(ids[pair]) - first_expert : -1;
+        use[b] = local >= 0 && local < num_local;
+        v[b] = use[b] ? __ldcg(reinterpret_cast<const float2*>(y + pair * y_stride + row)) : make_float2(0.0f, 0.0f);
+      }
+#pragma unroll
+      for (int b = 0; b < kCombineSlots; ++b) {
+        if (!use[b]) continue;
+        acc.x += v[b].x;
+        acc.y += v[b].y;
+      }
+    }
+    const int64_t at = static_cast<int64_t>(t) * hidden + row;
+    if (dtype == OutputDType::kF32) {
+      *reinterpret_cast<float2*>(static_cast<float*>(out) + at) = acc;
+    } else {
+      *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(out) + at) =
+          float_to_bf16(acc.x) | (static_cast<uint32_t>(float_to_bf16(acc.y)) << 16);
+    }
+  }
+}
+
+// FC2's folded combine (GemmParams::fold_done), every thread of a CTA that has written its tile's y
+// rows: n8f's order of memory (moe_decode.cu) with one count per row block. The CTA's stores, a
+// barrier, thread 0's count (acq_rel); the last of the *num_tiles tiles to arrive acquires the
+// others' rows for the CTA (the barrier) and combines the row block for each token.
+template <class Cfg>
+__device__ __forceinline__ void FoldedCombine(const GemmParams& p, const TileCoords& tc, int tid) {
+  __shared__ int32_t smem_last;
+  __syncthreads();
+  const int32_t block = static_cast<int32_t>(tc.group0 / kBlockRowGroups);
+  if (tid == 0) smem_last = ptx::AtomicAddAcqRelGpu(p.fold_done + block, 1) == *p.num_tiles - 1 ? 1 : 0;
+  __syncthreads();
+  if (smem_last == 0) return;  // (uniform)
+  for (int32_t t = 0; t < p.fold_tokens; ++t)
+    CombineRowBlock<Cfg::kThreads>(p.y, p.y_stride, p.top_k, p.fold_ids, p.fold_first_expert, p.fold_num_local,
+                                   p.a_shape.rows, block, t, p.fold_out, p.fold_dtype);
 }
 
 // ---- kernel -----------------------------------------------------------------------------------
@@ -478,6 +557,10 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
     });
   }
   clock.MainEnd();
+  if constexpr (kFc1 && kEarly) {
+    if (tid == 0 && p.next_steps > 0)
+      PrefetchFc2Steps(p, tc.expert, static_cast<int>(item % static_cast<uint32_t>(p.m_tiles)) * Cfg::kClusterK + k_part);
+  }
 #if MXMOE_LATE_TRIGGER
   ptx::LaunchDependents();
 #endif
@@ -545,6 +628,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
   }
   // (The stages become the staging planes once every warp is done reading them.)
   MmaTileEpilogue<Cfg, kFc1>(p, tc, groups, acc, holds_sums, row_warp, warp, lane, smem);
+  if constexpr (!kFc1 && Cfg::kBlockN == 8) {
+    if (p.fold_done != nullptr) FoldedCombine<Cfg>(p, tc, tid);
+  }
   RecordConsumerPhases<kFc1>(clock, tid == 0);
   timeline.End();
 #else

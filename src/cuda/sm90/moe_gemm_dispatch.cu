@@ -83,6 +83,7 @@ cudaError_t PrepareGemmKernels() {
 namespace {
 std::atomic<int> persistent_cta_limit{0};
 std::atomic<int64_t> capped_fc2_launches{0};
+std::atomic<int64_t> folded_combines{0};
 EnvSwitch& PersistentFc1() {
   static EnvSwitch on{"MXMOE_FC1_PERSISTENT", kPersistentFc1Default};
   return on;
@@ -99,7 +100,20 @@ EnvInt& EarlyStepsSetting() {
   static EnvInt steps{"MXMOE_EARLY_STEPS", 0, kMaxEarlySteps, kDefaultEarlySteps};
   return steps;
 }
+EnvInt& Fc1PrefetchFc2Setting() {
+  static EnvInt steps{"MXMOE_FC1_PREFETCH_FC2", 0, kMaxEarlySteps, 0};
+  return steps;
+}
+EnvSwitch& Fc2CombineSetting() {
+  static EnvSwitch on{"MXMOE_FC2_COMBINE", false};
+  return on;
+}
 }  // namespace
+
+void SetFc1PrefetchFc2(int steps) { Fc1PrefetchFc2Setting().Set(steps); }
+int Fc1PrefetchFc2() { return Fc1PrefetchFc2Setting().Get(); }
+void SetFc2Combine(bool on) { Fc2CombineSetting().Set(on); }
+bool Fc2CombineEnabled() { return Fc2CombineSetting().Get(); }
 
 void SetL2Ahead(int steps) { L2AheadSetting().Set(steps); }
 int L2Ahead() { return L2AheadSetting().Get(); }
@@ -109,6 +123,8 @@ int Fc2CapSmem() { return Fc2SmemSetting().Get(); }
 void SetFc2CapSmem(int bytes) { Fc2SmemSetting().Set(bytes); }
 void CountCappedFc2Launch() { capped_fc2_launches.fetch_add(1, std::memory_order_relaxed); }
 int64_t CappedFc2Launches() { return capped_fc2_launches.load(std::memory_order_relaxed); }
+void CountFoldedCombine() { folded_combines.fetch_add(1, std::memory_order_relaxed); }
+int64_t FoldedCombines() { return folded_combines.load(std::memory_order_relaxed); }
 
 void SetPersistentFc1(bool on) { PersistentFc1().Set(on); }
 bool PersistentFc1Enabled() { return PersistentFc1().Get(); }
