@@ -39,6 +39,14 @@ struct DeviceMem {
   }
 };
 
+// An on / off setting of the library (SetWarpRoute's kind) set for a scope, restored after it.
+template <bool (*kGet)(), void (*kSet)(bool)>
+struct ScopedSwitch {
+  const bool before = kGet();
+  explicit ScopedSwitch(bool on) { kSet(on); }
+  ~ScopedSwitch() { kSet(before); }
+};
+
 inline bool HaveSm90() {
   for (const CudaDeviceInfo& d : CudaDevices())
     if (d.index == 0 && d.major == 9) return true;

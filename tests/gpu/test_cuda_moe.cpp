@@ -126,11 +126,7 @@ TEST(CudaMoeSmall, AllKindsPatternsAndTokenCountsMatchReference) {
 // with the warp routing off and on.
 TEST(CudaMoeSmall, FusedRoutingBoundaryMatchesReference) {
   MXMOE_REQUIRE_SM90();
-  struct WarpRoute {
-    const bool before = cuda::WarpRouteEnabled();
-    explicit WarpRoute(bool on) { cuda::SetWarpRoute(on); }
-    ~WarpRoute() { cuda::SetWarpRoute(before); }
-  };
+  using WarpRoute = ScopedSwitch<&cuda::WarpRouteEnabled, &cuda::SetWarpRoute>;
   const LayerShape s{16, 256, 160, 4};
   ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 61);
   auto moe = MakeCudaMoe(set);

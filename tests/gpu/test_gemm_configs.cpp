@@ -333,11 +333,7 @@ TEST(CudaGemmConfigs, CappedFc2LeavesResultsBitIdentical) {
 // leave slots out, and one expert in every slot gives one tile.
 TEST(CudaGemmConfigs, FoldedCombineLeavesResultsBitIdentical) {
   MXMOE_REQUIRE_SM90();
-  struct ScopedFc2Combine {
-    const bool before = cuda::Fc2CombineEnabled();
-    explicit ScopedFc2Combine(bool on) { cuda::SetFc2Combine(on); }
-    ~ScopedFc2Combine() { cuda::SetFc2Combine(before); }
-  };
+  using ScopedFc2Combine = ScopedSwitch<&cuda::Fc2CombineEnabled, &cuda::SetFc2Combine>;
   uint64_t seed = 2300;
   int checked = 0;
   ASSERT_NO_FATAL_FAILURE(ForEachInput(
@@ -547,12 +543,7 @@ TEST(CudaGemmConfigs, PersistentFc1WalksManyItemsPerCta) {
     explicit CtaLimit(int n) { cuda::LimitPersistentCtas(n); }
     ~CtaLimit() { cuda::LimitPersistentCtas(0); }
   };
-  struct PersistentOn {
-    const bool before = cuda::PersistentFc1Enabled();
-    PersistentOn() { cuda::SetPersistentFc1(true); }
-    ~PersistentOn() { cuda::SetPersistentFc1(before); }
-  };
-  const PersistentOn persistent;
+  const ScopedSwitch<&cuda::PersistentFc1Enabled, &cuda::SetPersistentFc1> persistent(true);
   const ForcedConfig forced(static_cast<int>(cuda::GemmConfigId::kWg128));
   uint64_t seed = 1700;
   // 2 I = 640: three row blocks, the last one partial (padding warps).
