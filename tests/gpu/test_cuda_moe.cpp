@@ -917,8 +917,9 @@ bool IsGemmKernel(const std::string& name) {
 // Without MXMOE_PDL, a decode call (at most kDecodeMaxPairs pairs) launches its first GEMM kernel
 // (FC1, or n8f's one kernel) and the combine with PDL's attribute (perf-log v23), and FC2 too where
 // its CTAs are capped (kFc2CapMinFc1CtasPerSm, v32: here T = 8, whose n8c2 FC1 grid is 8 row blocks x
-// 64 tiles x 2 = 1024 CTAs), and no other kernel; a larger call launches none with it. The
-// captured graphs show it as programmatic edges; each replay equals its eager call.
+// 64 tiles x 2 = 1024 CTAs), and no other kernel; a larger call launches none with it. With
+// MXMOE_FC2_COMBINE, the calls of at most 8 tokens have no combine kernel. The captured graphs show
+// it as programmatic edges; each replay equals its eager call.
 TEST(CudaMoeGraph, DecodeCallsOverlapOnlyTheirDefaultEdges) {
   MXMOE_REQUIRE_SM90();
   if (std::getenv("MXMOE_PDL") != nullptr) GTEST_SKIP() << "MXMOE_PDL is set: it replaces the default sites";
@@ -937,10 +938,15 @@ TEST(CudaMoeGraph, DecodeCallsOverlapOnlyTheirDefaultEdges) {
       SCOPED_TRACE("T=" + std::to_string(t) + " plan " + moe->Plan(t));
       DeviceCase dc(*moe, Input(s, t, RoutingPattern::kUniform, 152 + t));
       const auto eager = dc.RunBf16();
-      const int64_t capped_before = cuda::CappedFc2Launches();
+      const int64_t capped_before = cuda::CappedFc2Launches(), folded_before = cuda::FoldedCombines();
       CapturedCall captured(dc, OutputDType::kBF16);
       ASSERT_TRUE(captured.status().ok()) << captured.status().ToString();
       const bool capped = cuda::CappedFc2Launches() > capped_before;
+      // (FC2 folds the combine in only with MXMOE_FC2_COMBINE, and only in decode calls of at most
+      // kFc2CombineMaxTokens tokens that n8f does not run.)
+      const bool fc2_folded = cuda::FoldedCombines() > folded_before;
+      EXPECT_EQ(fc2_folded,
+                cuda::Fc2CombineEnabled() && t <= cuda::kFc2CombineMaxTokens && moe->Plan(t).rfind("n8f", 0) != 0);
       EXPECT_EQ(capped, folded && t == 8) << "where FC1's grid holds 4 CTAs per SM";
       const std::vector<ChainKernel> chain = KernelChain(captured.graph());
       ASSERT_GE(chain.size(), 2u);
@@ -955,6 +961,8 @@ TEST(CudaMoeGraph, DecodeCallsOverlapOnlyTheirDefaultEdges) {
       if (config < 0) EXPECT_EQ(moe->Plan(t) == "n8f+combine", t == 32) << "where the heuristics choose n8f";
       if (decode && folded && moe->Plan(t) == "n8f+combine") {
         EXPECT_EQ(chain.size(), 2u) << "routing and n8f, no combine kernel";
+      } else if (fc2_folded) {
+        EXPECT_EQ(chain.size(), 3u) << "routing, FC1 and FC2, no combine kernel";
       } else {
         EXPECT_NE(chain.back().name.find("CombineKernel"), std::string::npos) << chain.back().name;
       }
