@@ -233,7 +233,7 @@ struct GemmParams {
   int64_t early_first_expert = 0;
   // The launch's dynamic shared memory, at least (the launcher's; the kernel uses its config's).
   int32_t launch_smem = 0;
-  // FC1's CTAs of the decode configs' early instance, past their main loop, ask the L2 for the
+  // FC1's CTAs of the decode configs (their instance that hands on), past their main loop, ask the L2 for the
   // first next_steps steps of FC2's weights and scales that FC2's CTA of the same expert and index
   // within the tile will read (FC2's shape, weights, row blocks and CTAs per tile), so that FC2's
   // stream starts in FC1's tail (0: none; see SetFc1PrefetchFc2).

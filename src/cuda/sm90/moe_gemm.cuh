@@ -354,10 +354,12 @@ __device__ __forceinline__ void PrefetchBeforeWait(const GemmParams& p, int warp
                      min(p.early_steps, min(k_all - k_first, k_per)));
 }
 
-// ---- the combine of one row block (n8f's combine units, FC2's folded combine) --------------------
+// ---- the combine of one row block (FC2's folded combine) ------------------------------------------
+// (n8f's combine units, moe_decode.cu's RunCombineUnit, add the same sums in their own copy of this
+// loop: n8f runs by default, and its SASS stays the one measured until the fold is; perf-log v33.)
 // out[t, rows [block * 256, + 256) of K] = the sum in slot order of y's rows t * top_k + j over the
 // slots j of token t whose expert is local (ids of -1 and of other ranks' experts add nothing):
-// CombineKernel's sum, bit for bit. Two rows a thread at a time, kThreads threads; a batch of
+// CombineKernel's sum, bit for bit. Two rows a thread (of at least 128); a batch of
 // kCombineSlots slots' rows is loaded before any is added, so that many loads are in flight. y is
 // read through the L2: the caller has acquired its writers' stores.
 template <int kThreads>
@@ -365,34 +367,38 @@ __device__ __forceinline__ void CombineRowBlock(const float* y, int64_t y_stride
                                                 int64_t first_expert, int32_t num_local, int64_t hidden, int32_t block,
                                                 int32_t t, void* out, OutputDType dtype) {
   constexpr int kCombineSlots = 8;
-  for (int r = 2 * static_cast<int>(threadIdx.x); r < kBlockRowGroups * kTileRows; r += 2 * kThreads) {
-    const int64_t row = static_cast<int64_t>(block) * kBlockRowGroups * kTileRows + r;
-    if (row >= hidden) return;  // (K is even: a thread's two rows are both real or both not)
-    float2 acc = make_float2(0.0f, 0.0f);
-    for (int j0 = 0; j0 < top_k; j0 += kCombineSlots) {
-      float2 v[kCombineSlots];
-      bool use[kCombineSlots];
+  static_assert(2 * kThreads >= kBlockRowGroups * kTileRows, "one pair of rows a thread covers the block");
+  const int64_t row = static_cast<int64_t>(block) * kBlockRowGroups * kTileRows + 2 * static_cast<int>(threadIdx.x);
+  // (Threads past the block's rows (n8k2's second set) or past K: nothing to add. K is even: a
+  // thread's two rows are both real or both not.)
+  if ((2 * kThreads > kBlockRowGroups * kTileRows &&
+       2 * static_cast<int>(threadIdx.x) >= kBlockRowGroups * kTileRows) ||
+      row >= hidden)
+    return;
+  float2 acc = make_float2(0.0f, 0.0f);
+  for (int j0 = 0; j0 < top_k; j0 += kCombineSlots) {
+    float2 v[kCombineSlots];
+    bool use[kCombineSlots];
 #pragma unroll
-      for (int b = 0; b < kCombineSlots; ++b) {
-        const int64_t pair = static_cast<int64_t>(t) * top_k + j0 + b;
-        const int64_t local = j0 + b < top_k ? static_cast<int64_t>(ids[pair]) - first_expert : -1;
-        use[b] = local >= 0 && local < num_local;
-        v[b] = use[b] ? __ldcg(reinterpret_cast<const float2*>(y + pair * y_stride + row)) : make_float2(0.0f, 0.0f);
-      }
+    for (int b = 0; b < kCombineSlots; ++b) {
+      const int64_t pair = static_cast<int64_t>(t) * top_k + j0 + b;
+      const int64_t local = j0 + b < top_k ? static_cast<int64_t>(ids[pair]) - first_expert : -1;
+      use[b] = local >= 0 && local < num_local;
+      v[b] = use[b] ? __ldcg(reinterpret_cast<const float2*>(y + pair * y_stride + row)) : make_float2(0.0f, 0.0f);
+    }
 #pragma unroll
-      for (int b = 0; b < kCombineSlots; ++b) {
-        if (!use[b]) continue;
-        acc.x += v[b].x;
-        acc.y += v[b].y;
-      }
+    for (int b = 0; b < kCombineSlots; ++b) {
+      if (!use[b]) continue;
+      acc.x += v[b].x;
+      acc.y += v[b].y;
     }
-    const int64_t at = static_cast<int64_t>(t) * hidden + row;
-    if (dtype == OutputDType::kF32) {
-      *reinterpret_cast<float2*>(static_cast<float*>(out) + at) = acc;
-    } else {
-      *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(out) + at) =
-          float_to_bf16(acc.x) | (static_cast<uint32_t>(float_to_bf16(acc.y)) << 16);
-    }
+  }
+  const int64_t at = static_cast<int64_t>(t) * hidden + row;
+  if (dtype == OutputDType::kF32) {
+    *reinterpret_cast<float2*>(static_cast<float*>(out) + at) = acc;
+  } else {
+    *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(out) + at) =
+        float_to_bf16(acc.x) | (static_cast<uint32_t>(float_to_bf16(acc.y)) << 16);
   }
 }
 
@@ -423,8 +429,12 @@ inline constexpr bool kLooksAhead = Cfg::kBlockN <= 32;
 // p.l2_ahead is not), for the decode configs only.
 template <class Cfg>
 inline constexpr bool kPrefetchesEarly = Cfg::kBlockN == 8;
+// kHandOn: the early instance that also hands work on to the next kernel (perf-log v33, launched
+// where the call asks for it): FC1 asks the L2 for FC2's first steps past its main loop
+// (GemmParams::next_steps), FC2 folds the combine in (GemmParams::fold_done). The other instances
+// have none of its code.
 
-template <class Cfg, bool kFc1, bool kL2Ahead = false, bool kEarly = false>
+template <class Cfg, bool kFc1, bool kL2Ahead = false, bool kEarly = false, bool kHandOn = false>
 __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_constant__ GemmParams p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900)
   extern __shared__ __align__(128) uint8_t smem[];
@@ -433,6 +443,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
   TimelineClock timeline(kTimelineEveryCta || blockIdx.x == 0);
   timeline.Start();
   static_assert(!kEarly || kPrefetchesEarly<Cfg>, "only the decode configs have the instance");
+  static_assert(!kHandOn || (kEarly && !kL2Ahead), "an early instance's variant");
   if constexpr (kEarly) PrefetchBeforeWait<Cfg, kFc1>(p, threadIdx.x >> 5, threadIdx.x & 31);
 #if MXMOE_LATE_TRIGGER
   // -DMXMOE_LATE_TRIGGER=1 (an experiment, perf-log v22): the next kernel's CTAs may be placed only
@@ -557,7 +568,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
     });
   }
   clock.MainEnd();
-  if constexpr (kFc1 && kEarly) {
+  if constexpr (kFc1 && kHandOn) {
     if (tid == 0 && p.next_steps > 0)
       PrefetchFc2Steps(p, tc.expert, static_cast<int>(item % static_cast<uint32_t>(p.m_tiles)) * Cfg::kClusterK + k_part);
   }
@@ -628,7 +639,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
   }
   // (The stages become the staging planes once every warp is done reading them.)
   MmaTileEpilogue<Cfg, kFc1>(p, tc, groups, acc, holds_sums, row_warp, warp, lane, smem);
-  if constexpr (!kFc1 && Cfg::kBlockN == 8) {
+  if constexpr (!kFc1 && kHandOn) {
     if (p.fold_done != nullptr) FoldedCombine<Cfg>(p, tc, tid);
   }
   RecordConsumerPhases<kFc1>(clock, tid == 0);
@@ -752,13 +763,17 @@ cudaError_t PrepareGemmConfig() {
     if (e == cudaSuccess)
       e = AllowDynamicSmem(MoeGemmKernel<Cfg, true, false, true>, MoeGemmKernel<Cfg, false, false, true>,
                            Cfg::kSmemBytes);
+    if (e == cudaSuccess)
+      e = AllowDynamicSmem(MoeGemmKernel<Cfg, true, false, true, true>, MoeGemmKernel<Cfg, false, false, true, true>,
+                           Cfg::kSmemBytes);
     // (FC2's capped launches, GemmParams::launch_smem: the limit is the most a launch may ask for,
     // not what it takes.)
     static_assert(kMaxFc2Smem <= 227 * 1024, "SM90 shared memory per block");
     if (e == cudaSuccess && kMaxFc2Smem > Cfg::kSmemBytes) {
       e = AllowDynamicSmem(MoeGemmKernel<Cfg, false>, MoeGemmKernel<Cfg, false, false, true>, kMaxFc2Smem);
       if (e == cudaSuccess)
-        e = AllowDynamicSmem(MoeGemmKernel<Cfg, false, true>, MoeGemmKernel<Cfg, false, true>, kMaxFc2Smem);
+        e = AllowDynamicSmem(MoeGemmKernel<Cfg, false, true>, MoeGemmKernel<Cfg, false, false, true, true>,
+                             kMaxFc2Smem);
     }
   }
   return e;
@@ -776,6 +791,12 @@ cudaError_t LaunchGemmConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, c
   }
   if constexpr (kLooksAhead<Cfg>) {
     if (p.l2_ahead > 0) kernel = fc1 ? MoeGemmKernel<Cfg, true, true> : MoeGemmKernel<Cfg, false, true>;
+  }
+  if constexpr (kPrefetchesEarly<Cfg>) {
+    // (Last: the fold must run wherever it is asked for, so it takes the place of the look-ahead,
+    // a hint; with early_steps 0 the instance's early prefetch asks for nothing.)
+    if (fc1 ? p.next_steps > 0 : p.fold_done != nullptr)
+      kernel = fc1 ? MoeGemmKernel<Cfg, true, false, true, true> : MoeGemmKernel<Cfg, false, false, true, true>;
   }
   int smem = Cfg::kSmemBytes;
   if (kPrefetchesEarly<Cfg> && !fc1 && p.launch_smem > smem) {
