@@ -1183,6 +1183,8 @@ Status CudaMoeImpl::Run(const MoeInput& in, const MoeOutput& out, void* workspac
     }
     call.topk_weights = in.topk_weights + t0 * top_k;
     if (!fuse) MXMOE_RETURN_IF_ERROR(ExactGridTiles(num_tiles, stream, &call.max_tiles));
+    // (With MXMOE_EXACT_GRID a call of no tile launches no FC2 CTA to fold the combine: the kernel runs.)
+    if (call.max_tiles == 0 && !call.fused_decode) call.fold_combine = false;
     stage_times.Mark(1);
     MXMOE_RETURN_IF_ERROR(path_->LaunchGemms(gemm, call, stream));
     stage_times.Mark(2);

@@ -106,13 +106,14 @@ struct RouteSmallParams {
   int32_t* tile_offsets = nullptr;  // [num_local + 1]
   int2* tiles = nullptr;
   int32_t* num_tiles = nullptr;  // [2], as LaunchOffsetsAndTiles
-  // LaunchPrepareAndRoute: up to this many pairs (at most kWarpRoutePairs) one warp routes, without
-  // the block's sort and barriers (0: never).
+  // LaunchPrepareAndRoute: up to this many pairs (at most kWarpRoutePairs) the block's warps route
+  // without its sort and barriers (RouteWarps; 0: never).
   int32_t warp_max = 0;
 };
 inline constexpr int32_t kWarpRoutePairs = 32;
-// Whether small calls route in one warp (rp.warp_max = kWarpRoutePairs): MXMOE_WARP_ROUTE=1 (or 0)
-// at start, off by default until measured (perf-log v16); SetWarpRoute for the tests.
+// Whether small calls route in the block's warps (rp.warp_max = kWarpRoutePairs): MXMOE_WARP_ROUTE=1
+// (or 0) at start, off by default until measured (perf-log v33; v16's one-warp version measured within
+// 0.8% of the block's sort, v32); SetWarpRoute for the tests.
 void SetWarpRoute(bool on);
 bool WarpRouteEnabled();
 cudaError_t LaunchRouteSmall(const RouteSmallParams& p, cudaStream_t stream);
@@ -246,7 +247,8 @@ struct GemmParams {
   // FC2 with the combine folded in (see SetFc2Combine; null fold_done: the combine kernel runs):
   // after its y rows, each CTA that holds a tile's sums counts itself in at fold_done[its row
   // block] (words the routing launch zeroed), and the last of the *num_tiles to arrive writes
-  // out[t, the block's rows] for t < fold_tokens as CombineKernel does, bit for bit.
+  // out[t, the block's rows] for t < fold_tokens as CombineKernel does, bit for bit (with no tile,
+  // tile 0's CTAs write the zeros; the launch must hold at least one tile's CTAs).
   int32_t* fold_done = nullptr;
   const int32_t* fold_ids = nullptr;  // the call's ids [fold_tokens, top_k]
   int32_t fold_tokens = 0;

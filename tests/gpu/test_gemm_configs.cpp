@@ -5,6 +5,7 @@
 // against the GPU reference).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
@@ -330,7 +331,7 @@ TEST(CudaGemmConfigs, CappedFc2LeavesResultsBitIdentical) {
 // runs the mma.sync kernel on 8-token tiles, fp32 and bf16 outputs bit-identical to the combine
 // kernel's, at T = 1, 2 and 8 (folded: FoldedCombines counts one launch a call) and T = 9 (past
 // kFc2CombineMaxTokens: not folded); K = 992 leaves W2's last row block partial, invalid ids
-// leave slots out, and one expert in every slot gives one tile.
+// leave slots out, and one expert in every slot gives one tile; and a call of no tile at all.
 TEST(CudaGemmConfigs, FoldedCombineLeavesResultsBitIdentical) {
   MXMOE_REQUIRE_SM90();
   using ScopedFc2Combine = ScopedSwitch<&cuda::Fc2CombineEnabled, &cuda::SetFc2Combine>;
@@ -363,6 +364,30 @@ TEST(CudaGemmConfigs, FoldedCombineLeavesResultsBitIdentical) {
         }
       }));
   EXPECT_EQ(checked, 4 * 3 * 5);
+  // A call with no tile (every slot -1): no FC2 CTA counts in, and tile 0's CTAs write the zeros
+  // the combine kernel writes (into outputs the harness poisons first).
+  const LayerShape s{12, 992, 320, 6};
+  ExpertSet set = SyntheticSet(s, SpecFor(ActivationType::Situ, s.num_experts), ++seed);
+  auto moe = MakeCudaMoe(set);
+  ASSERT_TRUE(moe);
+  SyntheticInput in;
+  MakeSyntheticInput(s, 2, RoutingPattern::kUniform, ++seed, &in);
+  std::fill(in.topk_ids.begin(), in.topk_ids.end(), -1);
+  DeviceCase dc(*moe, in);
+  for (cuda::GemmConfigId id : {cuda::GemmConfigId::kN8, cuda::GemmConfigId::kN8c2, cuda::GemmConfigId::kN8c4}) {
+    const ForcedConfig forced(static_cast<int>(id));
+    SCOPED_TRACE(std::string(cuda::GemmInfo(id).name) + " no tile");
+    std::vector<float> kernel_f32;
+    {
+      const ScopedFc2Combine off(false);
+      kernel_f32 = dc.RunF32();
+    }
+    EXPECT_TRUE(std::all_of(kernel_f32.begin(), kernel_f32.end(), [](float v) { return v == 0.0f; }));
+    const ScopedFc2Combine on(true);
+    const int64_t before = cuda::FoldedCombines();
+    EXPECT_TRUE(BitwiseEqual(dc.RunF32(), kernel_f32));
+    EXPECT_EQ(cuda::FoldedCombines() - before, 1);
+  }
 }
 
 // The integer settings read from the environment (MXMOE_L2_AHEAD's kind): a whole decimal in range

@@ -460,6 +460,18 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
   const uint32_t item = blockIdx.x / Cfg::kClusterK;
   const int k_part = Cfg::kClusterK > 1 ? static_cast<int>(ptx::ClusterCtaRank()) : 0;
   TileCoords tc;
+  if constexpr (!kFc1 && kHandOn) {
+    // The folded combine of a call with no tile (every slot -1 or another rank's): no CTA counts
+    // in, so tile 0's CTAs (the host launches at least one tile's) write the combine's zeros.
+    if (p.fold_done != nullptr && *p.num_tiles == 0) {
+      if (item < static_cast<uint32_t>(p.m_tiles) && k_part == 0) {
+        for (int32_t t = 0; t < p.fold_tokens; ++t)
+          CombineRowBlock<Cfg::kThreads>(p.y, p.y_stride, p.top_k, p.fold_ids, p.fold_first_expert, p.fold_num_local,
+                                         p.a_shape.rows, static_cast<int32_t>(item), t, p.fold_out, p.fold_dtype);
+      }
+      return;
+    }
+  }
   // (All CTAs of a cluster have the same item, so they leave here together or not at all.)
   if (!ReadTile<Cfg::kBlockN, kFc1>(p, item, tid, Cfg::kThreads, smem_rows, &tc)) return;
   const int k_all = static_cast<int>(p.a_shape.col_tiles);
@@ -826,6 +838,7 @@ cudaError_t PrepareTmaGemmConfig() {
 
 template <class Cfg>
 cudaError_t LaunchTmaGemmConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, cudaStream_t stream) {
+  if (p.fold_done != nullptr) return cudaErrorInvalidValue;  // (only MoeGemmKernel folds the combine)
   dim3 grid;
   bool launch = false;
   if (const cudaError_t e = GridOf(grid_ctas, &grid, &launch); e != cudaSuccess || !launch) return e;

@@ -589,6 +589,7 @@ cudaError_t PrepareWgmmaConfig() {
 
 template <class Cfg>
 cudaError_t LaunchWgmmaConfig(bool fc1, const GemmParams& p, int64_t grid_ctas, cudaStream_t stream) {
+  if (p.fold_done != nullptr) return cudaErrorInvalidValue;  // (only MoeGemmKernel folds the combine)
   dim3 grid;
   bool launch = false;
   // (grid_ctas counts whole row blocks: kSplit CTAs each.)
