@@ -273,8 +273,7 @@ class Sm90Path final : public KernelPath {
     const cuda::GemmConfigId id = static_cast<cuda::GemmConfigId>(choice.config);
     const cuda::GemmConfigId id2 = static_cast<cuda::GemmConfigId>(choice.config_fc2);
     const cuda::GemmConfigInfo info = cuda::GemmInfo(id), info2 = cuda::GemmInfo(id2);
-    const int32_t m_tiles13 = static_cast<int32_t>((w13_.row_groups + cuda::kBlockRowGroups - 1) / cuda::kBlockRowGroups);
-    const int32_t m_tiles2 = static_cast<int32_t>((w2_.row_groups + cuda::kBlockRowGroups - 1) / cuda::kBlockRowGroups);
+    const int32_t m_tiles13 = RowBlocks(w13_), m_tiles2 = RowBlocks(w2_);
     uint16_t* h = reinterpret_cast<uint16_t*>(call.h);
     cuda::GemmParams g;
     g.sorted_pairs = call.sorted_pairs;
@@ -346,7 +345,7 @@ class Sm90Path final : public KernelPath {
     g2.b_stride = g.h_stride;
     g2.b_rows = call.pair_capacity;
     g2.m_tiles = m_tiles2;
-    if (info.block_n == 8 && info2.block_n == 8 && !info2.loads_sorted_rows) {  // (GemmParams::next_steps)
+    if (OnDecodeMmaKernel(info) && OnDecodeMmaKernel(info2)) {  // (GemmParams::next_steps)
       g1.next_steps = cuda::Fc1PrefetchFc2();
       g1.next_a_tiles = g2.a_tiles;
       g1.next_a_scales = g2.a_scales;
@@ -378,7 +377,7 @@ class Sm90Path final : public KernelPath {
     // PDL on FC2's edge, FC2 keeps its own shared memory.
     const bool fc1_fills =
         (cuda::PdlDefaultSites() & static_cast<unsigned>(cuda::PdlSite::kFc1)) != 0 &&
-        cuda::Fc2CapSmem() > info2.smem_bytes && info2.block_n == 8 && !info2.loads_sorted_rows &&
+        cuda::Fc2CapSmem() > info2.smem_bytes && OnDecodeMmaKernel(info2) &&
         m_tiles13 * call.max_tiles * info.cluster_ctas >= int64_t{cuda::kFc2CapMinFc1CtasPerSm} * sms_;
     const cuda::ScopedPdlDefault pdl(cuda::PdlDefaultSites() |
                                      (fc1_fills ? static_cast<unsigned>(cuda::PdlSite::kFc2) : 0u));
@@ -425,18 +424,17 @@ class Sm90Path final : public KernelPath {
     pp->zero_words = cuda::DecodeSyncWords(call->decode_plan, call->max_tiles);
   }
   // FC2 on the mma.sync kernel's 8-token tiles (GemmParams::fold_done), one count word per W2 row
-  // block at the start of the decode workspace (which holds at least n8f's m2 done words).
+  // block at the start of the decode workspace (DecodeBytes holds n8f's words, of which the last
+  // RowBlocks(w2_) are its done words: never fewer).
   void PlanFoldedCombine(const GemmChoice& choice, GemmCall* call, cuda::PrepareParams* pp) const override {
-    const cuda::GemmConfigInfo info2 = cuda::GemmInfo(static_cast<cuda::GemmConfigId>(choice.config_fc2));
-    const int64_t m2 = (w2_.row_groups + cuda::kBlockRowGroups - 1) / cuda::kBlockRowGroups;
-    if (!cuda::Fc2CombineEnabled() || call->tokens > cuda::kFc2CombineMaxTokens || info2.block_n != 8 ||
-        info2.loads_sorted_rows || choice.config_fc2 == static_cast<int>(cuda::GemmConfigId::kN8f) ||
-        dims_.hidden % 2 != 0 || call->fc2_pairs != nullptr || call->decode_ws == nullptr ||
-        DecodeBytes(call->tokens * call->top_k) < static_cast<size_t>(m2) * 4)
+    if (!cuda::Fc2CombineEnabled() || call->tokens > cuda::kFc2CombineMaxTokens ||
+        !OnDecodeMmaKernel(cuda::GemmInfo(static_cast<cuda::GemmConfigId>(choice.config_fc2))) ||
+        choice.config_fc2 == static_cast<int>(cuda::GemmConfigId::kN8f) || dims_.hidden % 2 != 0 ||
+        call->fc2_pairs != nullptr || call->decode_ws == nullptr)
       return;
     call->fold_combine = true;
     pp->zero = reinterpret_cast<int32_t*>(call->decode_ws);
-    pp->zero_words = m2;
+    pp->zero_words = RowBlocks(w2_);
   }
 
  private:
@@ -444,8 +442,8 @@ class Sm90Path final : public KernelPath {
   // the folded combine (0: none).
   cuda::DecodePlan DecodePlanOf(int64_t pairs, int64_t combine_tokens = 0) const {
     cuda::DecodePlan plan;
-    plan.m1 = static_cast<int32_t>((w13_.row_groups + cuda::kBlockRowGroups - 1) / cuda::kBlockRowGroups);
-    plan.m2 = static_cast<int32_t>((w2_.row_groups + cuda::kBlockRowGroups - 1) / cuda::kBlockRowGroups);
+    plan.m1 = RowBlocks(w13_);
+    plan.m2 = RowBlocks(w2_);
     plan.k1 = static_cast<int32_t>(w13_.col_tiles);
     plan.k2 = static_cast<int32_t>(w2_.col_tiles);
     plan.s1 = cuda::DecodeSplitFor(pairs, plan.k1);
@@ -456,6 +454,15 @@ class Sm90Path final : public KernelPath {
   // The words for calls of at most max_tiles tiles, in whole 256-byte units (the sums follow).
   static size_t DecodeSyncBytes(const cuda::DecodePlan& plan, int64_t max_tiles) {
     return (static_cast<size_t>(cuda::DecodeSyncWords(plan, max_tiles)) * 4 + 255) / 256 * 256;
+  }
+  // The CTAs' row blocks of a GEMM of weights `shape` (GemmParams::m_tiles).
+  static int32_t RowBlocks(const PackedShape& shape) {
+    return static_cast<int32_t>((shape.row_groups + cuda::kBlockRowGroups - 1) / cuda::kBlockRowGroups);
+  }
+  // Whether a config runs the mma.sync kernel on 8-token tiles (MoeGemmKernel's decode configs,
+  // the ones with an early and a hand-on instance; not the TMA-fed n8t).
+  static bool OnDecodeMmaKernel(const cuda::GemmConfigInfo& info) {
+    return info.block_n == 8 && !info.loads_sorted_rows;
   }
   int64_t XStride() const { return w13_.col_tiles * cuda::kTileCols; }  // bf16 elements
   int64_t HStride() const { return w2_.col_tiles * cuda::kTileCols; }

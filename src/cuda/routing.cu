@@ -253,9 +253,9 @@ __device__ void RouteSmallOfCta(const RouteSmallParams& p, KeyAt key_at) {
 // one); warp 0 writes the sorted pairs and the tile list (a tile starts every p.block_n positions
 // of an expert's run; __match_any_sync gives the run), and each lane of every warp finds
 // offsets[e] and tile_offsets[e] by a binary search over its warp's lanes for the experts
-// e = 32 * (warp + warps * i) + lane. (One warp alone spent ~28 dependent searches on Kimi-K3's 897
-// offsets; 8 warps do 4 each, their loads and searches unrolled.) Every thread of the block calls
-// it, with its warp and the block's warp count.
+// e = 32 * (warp + warps * i) + lane. (One warp alone made 29 rounds of dependent searches for
+// Kimi-K3's 897 offsets; 8 warps make 3 or 4 each, unrolled so that their shuffles interleave.)
+// Every thread of the block calls it, with its warp and the block's warp count.
 template <class KeyAt>
 __device__ void RouteWarps(const RouteSmallParams& p, KeyAt key_at, int warp, int warps) {
   constexpr unsigned kAll = 0xFFFFFFFFu;

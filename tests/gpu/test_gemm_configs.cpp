@@ -335,10 +335,11 @@ TEST(CudaGemmConfigs, CappedFc2LeavesResultsBitIdentical) {
 TEST(CudaGemmConfigs, FoldedCombineLeavesResultsBitIdentical) {
   MXMOE_REQUIRE_SM90();
   using ScopedFc2Combine = ScopedSwitch<&cuda::Fc2CombineEnabled, &cuda::SetFc2Combine>;
+  const LayerShape s{12, 992, 320, 6};
   uint64_t seed = 2300;
   int checked = 0;
   ASSERT_NO_FATAL_FAILURE(ForEachInput(
-      {12, 992, 320, 6}, ActivationType::Situ, seed, {1, 2, 8, 9},
+      s, ActivationType::Situ, seed, {1, 2, 8, 9},
       {RoutingPattern::kUniform, RoutingPattern::kOneExpert, RoutingPattern::kWithInvalid},
       [&](DeviceCase& dc, const auto& ref, int64_t t, const std::string& label) {
         for (cuda::GemmConfigId id : {cuda::GemmConfigId::kN8, cuda::GemmConfigId::kN8k2, cuda::GemmConfigId::kN8c2,
@@ -359,14 +360,13 @@ TEST(CudaGemmConfigs, FoldedCombineLeavesResultsBitIdentical) {
           EXPECT_EQ(cuda::FoldedCombines() - before, t <= cuda::kFc2CombineMaxTokens ? 2 : 0);
           EXPECT_TRUE(BitwiseEqual(folded_f32, kernel_f32));
           EXPECT_EQ(folded_bf16, kernel_bf16);
-          EXPECT_TRUE(MoeCloseF32(folded_f32, ref, {t, 992}, 6 * 320));
+          EXPECT_TRUE(MoeCloseF32(folded_f32, ref, {t, s.hidden}, s.top_k * s.intermediate));
           ++checked;
         }
       }));
   EXPECT_EQ(checked, 4 * 3 * 5);
   // A call with no tile (every slot -1): no FC2 CTA counts in, and tile 0's CTAs write the zeros
   // the combine kernel writes (into outputs the harness poisons first).
-  const LayerShape s{12, 992, 320, 6};
   ExpertSet set = SyntheticSet(s, SpecFor(ActivationType::Situ, s.num_experts), ++seed);
   auto moe = MakeCudaMoe(set);
   ASSERT_TRUE(moe);

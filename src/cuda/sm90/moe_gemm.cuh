@@ -312,6 +312,9 @@ __device__ __forceinline__ void PrefetchBlockSteps(const GemmParams& p, int expe
                       static_cast<uint32_t>(steps * groups * kTileScaleBytes));
 }
 
+// (PrefetchFc2Steps repeats PrefetchBlockSteps' arithmetic for FC2's shape: one function for both
+// moved the registers of the default early instances, whose SASS stays the measured one until the
+// hand-on instance is measured; perf-log v33.)
 // One thread of an FC1 CTA past its main loop (GemmParams::next_steps): FC2's CTA `j` of the tile
 // (its row block j / next_k_parts, its part of the reduction j % next_k_parts) of local expert
 // `expert`, its first next_steps steps asked of the L2 (two bulk prefetches; none for j past FC2's
@@ -402,6 +405,14 @@ __device__ __forceinline__ void CombineRowBlock(const float* y, int64_t y_stride
   }
 }
 
+// Every token's CombineRowBlock of W2's row block `block`, from the call's fold_* parameters.
+template <class Cfg>
+__device__ __forceinline__ void CombineRowBlockOfCall(const GemmParams& p, int32_t block) {
+  for (int32_t t = 0; t < p.fold_tokens; ++t)
+    CombineRowBlock<Cfg::kThreads>(p.y, p.y_stride, p.top_k, p.fold_ids, p.fold_first_expert, p.fold_num_local,
+                                   p.a_shape.rows, block, t, p.fold_out, p.fold_dtype);
+}
+
 // FC2's folded combine (GemmParams::fold_done), every thread of a CTA that has written its tile's y
 // rows: n8f's order of memory (moe_decode.cu) with one count per row block. The CTA's stores, a
 // barrier, thread 0's count (acq_rel); the last of the *num_tiles tiles to arrive acquires the
@@ -414,9 +425,7 @@ __device__ __forceinline__ void FoldedCombine(const GemmParams& p, const TileCoo
   if (tid == 0) smem_last = ptx::AtomicAddAcqRelGpu(p.fold_done + block, 1) == *p.num_tiles - 1 ? 1 : 0;
   __syncthreads();
   if (smem_last == 0) return;  // (uniform)
-  for (int32_t t = 0; t < p.fold_tokens; ++t)
-    CombineRowBlock<Cfg::kThreads>(p.y, p.y_stride, p.top_k, p.fold_ids, p.fold_first_expert, p.fold_num_local,
-                                   p.a_shape.rows, block, t, p.fold_out, p.fold_dtype);
+  CombineRowBlockOfCall<Cfg>(p, block);
 }
 
 // ---- kernel -----------------------------------------------------------------------------------
@@ -464,11 +473,8 @@ __global__ void __launch_bounds__(Cfg::kThreads) MoeGemmKernel(const __grid_cons
     // The folded combine of a call with no tile (every slot -1 or another rank's): no CTA counts
     // in, so tile 0's CTAs (the host launches at least one tile's) write the combine's zeros.
     if (p.fold_done != nullptr && *p.num_tiles == 0) {
-      if (item < static_cast<uint32_t>(p.m_tiles) && k_part == 0) {
-        for (int32_t t = 0; t < p.fold_tokens; ++t)
-          CombineRowBlock<Cfg::kThreads>(p.y, p.y_stride, p.top_k, p.fold_ids, p.fold_first_expert, p.fold_num_local,
-                                         p.a_shape.rows, static_cast<int32_t>(item), t, p.fold_out, p.fold_dtype);
-      }
+      if (item < static_cast<uint32_t>(p.m_tiles) && k_part == 0)
+        CombineRowBlockOfCall<Cfg>(p, static_cast<int32_t>(item));
       return;
     }
   }
