@@ -285,8 +285,10 @@ __device__ __forceinline__ int GuessTileExpert(const GemmParams& p, int tile, in
     if (local >= 0 && local < p.early_num_local) e = static_cast<int>(local);
   }
   static_assert(kEarlyGuessMaxPairs <= 32, "one id a lane");
-  // This lane holds the first occurrence of its expert.
-  const bool first = e != INT_MAX && __ffs(__match_any_sync(kAll, e)) - 1 == lane;
+  // This lane holds the first occurrence of its expert. (Every lane must reach the match: under
+  // `e != INT_MAX && ...` the lanes without an id skipped it and the warp hung, perf-log v34.)
+  const unsigned same = __match_any_sync(kAll, e);
+  const bool first = e != INT_MAX && __ffs(same) - 1 == lane;
   const unsigned firsts = __ballot_sync(kAll, first);
   int rank = 0;
   for (int i = 0; i < p.early_pairs; ++i) {
