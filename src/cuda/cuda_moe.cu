@@ -427,7 +427,7 @@ class Sm90Path final : public KernelPath {
   // block at the start of the decode workspace (DecodeBytes holds n8f's words, of which the last
   // RowBlocks(w2_) are its done words: never fewer).
   void PlanFoldedCombine(const GemmChoice& choice, GemmCall* call, cuda::PrepareParams* pp) const override {
-    if (!cuda::Fc2CombineEnabled() || call->tokens > cuda::kFc2CombineMaxTokens ||
+    if (call->tokens > cuda::Fc2CombineTokens() ||
         !OnDecodeMmaKernel(cuda::GemmInfo(static_cast<cuda::GemmConfigId>(choice.config_fc2))) ||
         choice.config_fc2 == static_cast<int>(cuda::GemmConfigId::kN8f) || dims_.hidden % 2 != 0 ||
         call->fc2_pairs != nullptr || call->decode_ws == nullptr)

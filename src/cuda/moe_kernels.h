@@ -111,9 +111,10 @@ struct RouteSmallParams {
   int32_t warp_max = 0;
 };
 inline constexpr int32_t kWarpRoutePairs = 32;
-// Whether small calls route in the block's warps (rp.warp_max = kWarpRoutePairs): MXMOE_WARP_ROUTE=1
-// (or 0) at start, off by default until measured (perf-log v33; v16's one-warp version measured within
-// 0.8% of the block's sort, v32); SetWarpRoute for the tests.
+// Whether small calls route in the block's warps (rp.warp_max = kWarpRoutePairs): MXMOE_WARP_ROUTE=0
+// (or 1) at start, on by default. On an H100 (perf-log v34) it took 1.3 us off Kimi-K3 at T = 1 and
+// 3.6 at T = 2, 0.7 off DeepSeek-V3 at T = 1 and 2, and tied on GPT-OSS-120B (v16's one-warp
+// version had measured within 0.8% of the block's sort). SetWarpRoute for the tests.
 void SetWarpRoute(bool on);
 bool WarpRouteEnabled();
 cudaError_t LaunchRouteSmall(const RouteSmallParams& p, cudaStream_t stream);
@@ -244,7 +245,7 @@ struct GemmParams {
   PackedShape next_a_shape;
   int32_t next_m_tiles = 0;
   int32_t next_k_parts = 1;
-  // FC2 with the combine folded in (see SetFc2Combine; null fold_done: the combine kernel runs):
+  // FC2 with the combine folded in (see SetFc2CombineTokens; null fold_done: the combine kernel runs):
   // after its y rows, each CTA that holds a tile's sums counts itself in at fold_done[its row
   // block] (words the routing launch zeroed), and the last of the *num_tiles to arrive writes
   // out[t, the block's rows] for t < fold_tokens as CombineKernel does, bit for bit (with no tile,
@@ -295,12 +296,15 @@ void SetFc2CapSmem(int bytes);
 void CountCappedFc2Launch();
 int64_t CappedFc2Launches();
 // The combine folded into FC2 (GemmParams::fold_done) for decode calls of at most
-// kFc2CombineMaxTokens tokens whose FC2 runs the mma.sync kernel on 8-token tiles (n8, n8k2, n8c2,
-// n8c4, n8c2d; n8f folds its own): MXMOE_FC2_COMBINE=1 (or 0) at start, off by default until
-// measured (perf-log v33). SetFc2Combine for the tests.
-inline constexpr int kFc2CombineMaxTokens = 8;
-void SetFc2Combine(bool on);
-bool Fc2CombineEnabled();
+// Fc2CombineTokens() tokens whose FC2 runs the mma.sync kernel on 8-token tiles (n8, n8k2, n8c2,
+// n8c4, n8c2d; n8f folds its own): MXMOE_FC2_COMBINE=<0..kMaxFc2CombineTokens> read once (0: never),
+// 1 by default. On an H100 (perf-log v34) it took 0.3-1.2 us off the T = 1 layers of Kimi-K3,
+// DeepSeek-V3 and GPT-OSS-120B, and at T = 2 GPT-OSS-120B took 1.7 us longer: the last CTA of a row
+// block sums every token's slots alone. SetFc2CombineTokens for the tests (clamped).
+inline constexpr int kMaxFc2CombineTokens = 8;
+inline constexpr int kDefaultFc2CombineTokens = 1;
+void SetFc2CombineTokens(int tokens);
+int Fc2CombineTokens();
 // GemmParams::next_steps: MXMOE_FC1_PREFETCH_FC2=<0..kMaxEarlySteps> read once, 0 by default until
 // measured (perf-log v33). SetFc1PrefetchFc2 for the tests (clamped).
 void SetFc1PrefetchFc2(int steps);

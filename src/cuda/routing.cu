@@ -420,7 +420,7 @@ __global__ void __launch_bounds__(kThreads)
 int64_t Blocks(int64_t threads) { return (threads + kThreads - 1) / kThreads; }
 
 EnvSwitch& WarpRoute() {
-  static EnvSwitch on{"MXMOE_WARP_ROUTE", false};
+  static EnvSwitch on{"MXMOE_WARP_ROUTE", true};
   return on;
 }
 

@@ -917,8 +917,9 @@ bool IsGemmKernel(const std::string& name) {
 // Without MXMOE_PDL, a decode call (at most kDecodeMaxPairs pairs) launches its first GEMM kernel
 // (FC1, or n8f's one kernel) and the combine with PDL's attribute (perf-log v23), and FC2 too where
 // its CTAs are capped (kFc2CapMinFc1CtasPerSm, v32: here T = 8, whose n8c2 FC1 grid is 8 row blocks x
-// 64 tiles x 2 = 1024 CTAs), and no other kernel; a larger call launches none with it. With
-// MXMOE_FC2_COMBINE, the calls of at most 8 tokens have no combine kernel. The captured graphs show
+// 64 tiles x 2 = 1024 CTAs), and no other kernel; a larger call launches none with it. Calls of at
+// most MXMOE_FC2_COMBINE tokens (1 by default) that n8f does not run have no combine kernel: FC2
+// folds it in. The captured graphs show
 // it as programmatic edges; each replay equals its eager call.
 TEST(CudaMoeGraph, DecodeCallsOverlapOnlyTheirDefaultEdges) {
   MXMOE_REQUIRE_SM90();
@@ -942,11 +943,10 @@ TEST(CudaMoeGraph, DecodeCallsOverlapOnlyTheirDefaultEdges) {
       CapturedCall captured(dc, OutputDType::kBF16);
       ASSERT_TRUE(captured.status().ok()) << captured.status().ToString();
       const bool capped = cuda::CappedFc2Launches() > capped_before;
-      // (FC2 folds the combine in only with MXMOE_FC2_COMBINE, and only in decode calls of at most
-      // kFc2CombineMaxTokens tokens that n8f does not run.)
+      // (FC2 folds the combine in only in decode calls of at most MXMOE_FC2_COMBINE tokens (1 by
+      // default) that n8f does not run.)
       const bool fc2_folded = cuda::FoldedCombines() > folded_before;
-      EXPECT_EQ(fc2_folded,
-                cuda::Fc2CombineEnabled() && t <= cuda::kFc2CombineMaxTokens && moe->Plan(t).rfind("n8f", 0) != 0);
+      EXPECT_EQ(fc2_folded, t <= cuda::Fc2CombineTokens() && moe->Plan(t).rfind("n8f", 0) != 0);
       EXPECT_EQ(capped, folded && t == 8) << "where FC1's grid holds 4 CTAs per SM";
       const std::vector<ChainKernel> chain = KernelChain(captured.graph());
       ASSERT_GE(chain.size(), 2u);

@@ -57,6 +57,7 @@ void ExpectClampedTo(int max) {
 using ScopedEarlySteps = ScopedSetting<&cuda::EarlySteps, &cuda::SetEarlySteps>;  // MXMOE_EARLY_STEPS
 using ScopedFc2Cap = ScopedSetting<&cuda::Fc2CapSmem, &cuda::SetFc2CapSmem>;      // MXMOE_FC2_SMEM
 using ScopedFc1PrefetchFc2 = ScopedSetting<&cuda::Fc1PrefetchFc2, &cuda::SetFc1PrefetchFc2>;  // MXMOE_FC1_PREFETCH_FC2
+using ScopedFc2Combine = ScopedSetting<&cuda::Fc2CombineTokens, &cuda::SetFc2CombineTokens>;  // MXMOE_FC2_COMBINE
 
 // A synthetic layer of activation `kind` (biased for SwiGLU-bias), and for each token count and
 // routing its CPU reference and a DeviceCase: variants(dc, ref, t, label) runs the GPU variants
@@ -329,12 +330,11 @@ TEST(CudaGemmConfigs, CappedFc2LeavesResultsBitIdentical) {
 
 // The combine folded into FC2 (MXMOE_FC2_COMBINE, GemmParams::fold_done): for every config whose FC2
 // runs the mma.sync kernel on 8-token tiles, fp32 and bf16 outputs bit-identical to the combine
-// kernel's, at T = 1, 2 and 8 (folded: FoldedCombines counts one launch a call) and T = 9 (past
-// kFc2CombineMaxTokens: not folded); K = 992 leaves W2's last row block partial, invalid ids
+// kernel's, with the fold allowed up to kMaxFc2CombineTokens tokens, at T = 1, 2 and 8 (folded:
+// FoldedCombines counts one launch a call) and T = 9 (past it: not folded); K = 992 leaves W2's last row block partial, invalid ids
 // leave slots out, and one expert in every slot gives one tile; and a call of no tile at all.
 TEST(CudaGemmConfigs, FoldedCombineLeavesResultsBitIdentical) {
   MXMOE_REQUIRE_SM90();
-  using ScopedFc2Combine = ScopedSwitch<&cuda::Fc2CombineEnabled, &cuda::SetFc2Combine>;
   const LayerShape s{12, 992, 320, 6};
   uint64_t seed = 2300;
   int checked = 0;
@@ -349,15 +349,15 @@ TEST(CudaGemmConfigs, FoldedCombineLeavesResultsBitIdentical) {
           std::vector<float> kernel_f32;
           std::vector<uint16_t> kernel_bf16;
           {
-            const ScopedFc2Combine off(false);
+            const ScopedFc2Combine off(0);
             kernel_f32 = dc.RunF32();
             kernel_bf16 = dc.RunBf16();
           }
-          const ScopedFc2Combine on(true);
+          const ScopedFc2Combine on(cuda::kMaxFc2CombineTokens);
           const int64_t before = cuda::FoldedCombines();
           const auto folded_f32 = dc.RunF32();
           const auto folded_bf16 = dc.RunBf16();
-          EXPECT_EQ(cuda::FoldedCombines() - before, t <= cuda::kFc2CombineMaxTokens ? 2 : 0);
+          EXPECT_EQ(cuda::FoldedCombines() - before, t <= cuda::kMaxFc2CombineTokens ? 2 : 0);
           EXPECT_TRUE(BitwiseEqual(folded_f32, kernel_f32));
           EXPECT_EQ(folded_bf16, kernel_bf16);
           EXPECT_TRUE(MoeCloseF32(folded_f32, ref, {t, s.hidden}, s.top_k * s.intermediate));
@@ -379,15 +379,16 @@ TEST(CudaGemmConfigs, FoldedCombineLeavesResultsBitIdentical) {
     SCOPED_TRACE(std::string(cuda::GemmInfo(id).name) + " no tile");
     std::vector<float> kernel_f32;
     {
-      const ScopedFc2Combine off(false);
+      const ScopedFc2Combine off(0);
       kernel_f32 = dc.RunF32();
     }
     EXPECT_TRUE(std::all_of(kernel_f32.begin(), kernel_f32.end(), [](float v) { return v == 0.0f; }));
-    const ScopedFc2Combine on(true);
+    const ScopedFc2Combine on(cuda::kMaxFc2CombineTokens);
     const int64_t before = cuda::FoldedCombines();
     EXPECT_TRUE(BitwiseEqual(dc.RunF32(), kernel_f32));
     EXPECT_EQ(cuda::FoldedCombines() - before, 1);
   }
+  ExpectClampedTo<&cuda::Fc2CombineTokens, &cuda::SetFc2CombineTokens>(cuda::kMaxFc2CombineTokens);
 }
 
 // The integer settings read from the environment (MXMOE_L2_AHEAD's kind): a whole decimal in range

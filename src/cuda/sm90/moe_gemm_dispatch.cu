@@ -104,16 +104,16 @@ EnvInt& Fc1PrefetchFc2Setting() {
   static EnvInt steps{"MXMOE_FC1_PREFETCH_FC2", 0, kMaxEarlySteps, 0};
   return steps;
 }
-EnvSwitch& Fc2CombineSetting() {
-  static EnvSwitch on{"MXMOE_FC2_COMBINE", false};
-  return on;
+EnvInt& Fc2CombineSetting() {
+  static EnvInt tokens{"MXMOE_FC2_COMBINE", 0, kMaxFc2CombineTokens, kDefaultFc2CombineTokens};
+  return tokens;
 }
 }  // namespace
 
 void SetFc1PrefetchFc2(int steps) { Fc1PrefetchFc2Setting().Set(steps); }
 int Fc1PrefetchFc2() { return Fc1PrefetchFc2Setting().Get(); }
-void SetFc2Combine(bool on) { Fc2CombineSetting().Set(on); }
-bool Fc2CombineEnabled() { return Fc2CombineSetting().Get(); }
+void SetFc2CombineTokens(int tokens) { Fc2CombineSetting().Set(tokens); }
+int Fc2CombineTokens() { return Fc2CombineSetting().Get(); }
 
 void SetL2Ahead(int steps) { L2AheadSetting().Set(steps); }
 int L2Ahead() { return L2AheadSetting().Get(); }
