@@ -296,7 +296,10 @@ __device__ __forceinline__ int GuessTileExpert(const GemmParams& p, int tile, in
     if (((firsts >> i) & 1u) != 0 && v < e) ++rank;
   }
   const unsigned hit = __ballot_sync(kAll, first && rank == tile);
-  return hit != 0 ? __shfl_sync(kAll, e, __ffs(hit) - 1) : -1;
+  // (Every lane shuffles, tests/python/test_cuda_sources.py; with no hit lane -1 reads lane 31,
+  // unused.)
+  const int guess = __shfl_sync(kAll, e, __ffs(hit) - 1);
+  return hit != 0 ? guess : -1;
 }
 
 // One thread: asks the L2 for `steps` steps from step k_first of local expert `expert`'s row block
