@@ -300,7 +300,8 @@ int64_t CappedFc2Launches();
 // n8c4, n8c2d; n8f folds its own): MXMOE_FC2_COMBINE=<0..kMaxFc2CombineTokens> read once (0: never),
 // 1 by default. On an H100 (perf-log v34) it took 0.35-1.2 us off the T = 1 layers of Kimi-K3,
 // DeepSeek-V3 and GPT-OSS-120B run eagerly (0.05-0.8 from a graph), and at T = 2 GPT-OSS-120B took
-// 1.7 us longer: the last CTA of a row block sums every token's slots alone. SetFc2CombineTokens for the tests (clamped).
+// 1.7 us longer: the last CTA of a row block sums every token's slots alone. SetFc2CombineTokens
+// for the tests (clamped).
 inline constexpr int kMaxFc2CombineTokens = 8;
 inline constexpr int kDefaultFc2CombineTokens = 1;
 void SetFc2CombineTokens(int tokens);

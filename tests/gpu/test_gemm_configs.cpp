@@ -331,8 +331,9 @@ TEST(CudaGemmConfigs, CappedFc2LeavesResultsBitIdentical) {
 // The combine folded into FC2 (MXMOE_FC2_COMBINE, GemmParams::fold_done): for every config whose FC2
 // runs the mma.sync kernel on 8-token tiles, fp32 and bf16 outputs bit-identical to the combine
 // kernel's, with the fold allowed up to kMaxFc2CombineTokens tokens, at T = 1, 2 and 8 (folded:
-// FoldedCombines counts one launch a call) and T = 9 (past it: not folded); K = 992 leaves W2's last row block partial, invalid ids
-// leave slots out, and one expert in every slot gives one tile; and a call of no tile at all.
+// FoldedCombines counts one launch a call) and T = 9 (past it: not folded); K = 992 leaves W2's
+// last row block partial, invalid ids leave slots out, and one expert in every slot gives one
+// tile; and a call of no tile at all.
 TEST(CudaGemmConfigs, FoldedCombineLeavesResultsBitIdentical) {
   MXMOE_REQUIRE_SM90();
   const LayerShape s{12, 992, 320, 6};
