@@ -919,8 +919,7 @@ bool IsGemmKernel(const std::string& name) {
 // its CTAs are capped (kFc2CapMinFc1CtasPerSm, v32: here T = 8, whose n8c2 FC1 grid is 8 row blocks x
 // 64 tiles x 2 = 1024 CTAs), and no other kernel; a larger call launches none with it. Calls of at
 // most MXMOE_FC2_COMBINE tokens (1 by default) that n8f does not run have no combine kernel: FC2
-// folds it in. The captured graphs show
-// it as programmatic edges; each replay equals its eager call.
+// folds it in. The captured graphs show it as programmatic edges; each replay equals its eager call.
 TEST(CudaMoeGraph, DecodeCallsOverlapOnlyTheirDefaultEdges) {
   MXMOE_REQUIRE_SM90();
   if (std::getenv("MXMOE_PDL") != nullptr) GTEST_SKIP() << "MXMOE_PDL is set: it replaces the default sites";

@@ -1,5 +1,6 @@
-"""A check of the CUDA sources that needs no GPU: no warp collective with a full mask is evaluated
-by only some lanes of a warp because it stands on the conditional side of `&&`, `||` or `?:`.
+"""A check of the CUDA sources that needs no GPU: no warp collective (ours all name the full warp in
+their mask) is evaluated by only some lanes because it stands on the conditional side of `&&`, `||`
+or `?:`.
 
 Such a call (e.g. `e != INT_MAX && __match_any_sync(0xFFFFFFFFu, e)`) compiles to a branch around
 the collective; the lanes that skip it never arrive, and the warp hangs (perf-log v34: every decode
