@@ -345,7 +345,8 @@ class Sm90Path final : public KernelPath {
     g2.b_stride = g.h_stride;
     g2.b_rows = call.pair_capacity;
     g2.m_tiles = m_tiles2;
-    if (OnDecodeMmaKernel(info) && OnDecodeMmaKernel(info2)) {  // (GemmParams::next_steps)
+    // (GemmParams::next_steps)
+    if (cuda::Fc1PrefetchFc2() > 0 && OnDecodeMmaKernel(info) && OnDecodeMmaKernel(info2)) {
       g1.next_steps = cuda::Fc1PrefetchFc2();
       g1.next_a_tiles = g2.a_tiles;
       g1.next_a_scales = g2.a_scales;
@@ -429,8 +430,8 @@ class Sm90Path final : public KernelPath {
   void PlanFoldedCombine(const GemmChoice& choice, GemmCall* call, cuda::PrepareParams* pp) const override {
     if (call->tokens > cuda::Fc2CombineTokens() ||
         !OnDecodeMmaKernel(cuda::GemmInfo(static_cast<cuda::GemmConfigId>(choice.config_fc2))) ||
-        choice.config_fc2 == static_cast<int>(cuda::GemmConfigId::kN8f) || dims_.hidden % 2 != 0 ||
-        call->fc2_pairs != nullptr || call->decode_ws == nullptr)
+        choice.config_fc2 == static_cast<int>(cuda::GemmConfigId::kN8f) || call->fc2_pairs != nullptr ||
+        call->decode_ws == nullptr)
       return;
     call->fold_combine = true;
     pp->zero = reinterpret_cast<int32_t*>(call->decode_ws);

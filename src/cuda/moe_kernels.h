@@ -112,9 +112,9 @@ struct RouteSmallParams {
 };
 inline constexpr int32_t kWarpRoutePairs = 32;
 // Whether small calls route in the block's warps (rp.warp_max = kWarpRoutePairs): MXMOE_WARP_ROUTE=0
-// (or 1) at start, on by default. On an H100 (perf-log v34) it took 1.3 us off Kimi-K3 at T = 1 and
-// 3.6 at T = 2, 0.7 off DeepSeek-V3 at T = 1 and 2, and tied on GPT-OSS-120B (v16's one-warp
-// version had measured within 0.8% of the block's sort). SetWarpRoute for the tests.
+// (or 1) at start, on by default. On an H100 (perf-log v34) it took 1.3-1.8 us off Kimi-K3 at T = 1
+// and 3.6-3.8 at T = 2, 0.6-0.9 off DeepSeek-V3 at T = 1 and 2, and tied on GPT-OSS-120B (v16's
+// one-warp version had measured within 0.8% of the block's sort). SetWarpRoute for the tests.
 void SetWarpRoute(bool on);
 bool WarpRouteEnabled();
 cudaError_t LaunchRouteSmall(const RouteSmallParams& p, cudaStream_t stream);

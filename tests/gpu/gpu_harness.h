@@ -39,12 +39,14 @@ struct DeviceMem {
   }
 };
 
-// An on / off setting of the library (SetWarpRoute's kind) set for a scope, restored after it.
-template <bool (*kGet)(), void (*kSet)(bool)>
-struct ScopedSwitch {
-  const bool before = kGet();
-  explicit ScopedSwitch(bool on) { kSet(on); }
-  ~ScopedSwitch() { kSet(before); }
+// A setting of the library, an on / off switch (SetWarpRoute's kind) or an integer (SetEarlySteps'
+// kind), set for a scope, then back to what it was (its environment variable's value or default).
+template <auto kGet, auto kSet>
+struct ScopedSetting {
+  using Value = decltype(kGet());
+  const Value before = kGet();
+  explicit ScopedSetting(Value value) { kSet(value); }
+  ~ScopedSetting() { kSet(before); }
 };
 
 inline bool HaveSm90() {

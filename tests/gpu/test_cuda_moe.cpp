@@ -121,12 +121,12 @@ TEST(CudaMoeSmall, AllKindsPatternsAndTokenCountsMatchReference) {
 }
 
 // 256 pairs are the most that quantize and route in one launch (kFusedRoutePairs); 260 take the
-// two-launch path. With the warp routing on (SetWarpRoute), up to 32 pairs the warps route
-// without a barrier (RouteWarps) and 36 take the block's sort. Both sides of each boundary, with -1 slots among them,
-// with the warp routing off and on.
+// two-launch path. With the warp routing on (SetWarpRoute), up to 32 pairs the warps route without
+// a barrier (RouteWarps) and 36 take the block's sort. Both sides of each boundary, with -1 slots
+// among them, with the warp routing off and on.
 TEST(CudaMoeSmall, FusedRoutingBoundaryMatchesReference) {
   MXMOE_REQUIRE_SM90();
-  using WarpRoute = ScopedSwitch<&cuda::WarpRouteEnabled, &cuda::SetWarpRoute>;
+  using WarpRoute = ScopedSetting<&cuda::WarpRouteEnabled, &cuda::SetWarpRoute>;
   const LayerShape s{16, 256, 160, 4};
   ExpertSet set = SyntheticSet(s, Act(ActivationType::Situ), 61);
   auto moe = MakeCudaMoe(set);

@@ -52,7 +52,7 @@ struct KimiLayer {
 };
 
 // Turns the folded combine (MXMOE_DECODE_COMBINE) on or off for the scope, then back.
-using ScopedCombine = ScopedSwitch<&cuda::DecodeCombineEnabled, &cuda::SetDecodeCombine>;
+using ScopedCombine = ScopedSetting<&cuda::DecodeCombineEnabled, &cuda::SetDecodeCombine>;
 
 // The fp32 output twice (bit for bit the same) and the bf16 output once, the fp32 one against ref;
 // each call through the fused kernel when the call has at most kDecodeMaxPairs pairs (its launch

@@ -33,14 +33,6 @@ struct ForcedConfig {
   ~ForcedConfig() { cuda::ForceGemmConfig(-1); }
 };
 
-// An integer setting of the library for the scope, then back to what it was (its environment
-// variable's value or default).
-template <int (*kGet)(), void (*kSet)(int)>
-struct ScopedSetting {
-  const int before = kGet();
-  explicit ScopedSetting(int value) { kSet(value); }
-  ~ScopedSetting() { kSet(before); }
-};
 // The mma.sync kernels' L2 look-ahead (MXMOE_L2_AHEAD): tests that compare plans by name pin it at
 // 0, since a look-ahead is named in the plan.
 using ScopedL2Ahead = ScopedSetting<&cuda::L2Ahead, &cuda::SetL2Ahead>;
@@ -570,7 +562,7 @@ TEST(CudaGemmConfigs, PersistentFc1WalksManyItemsPerCta) {
     explicit CtaLimit(int n) { cuda::LimitPersistentCtas(n); }
     ~CtaLimit() { cuda::LimitPersistentCtas(0); }
   };
-  const ScopedSwitch<&cuda::PersistentFc1Enabled, &cuda::SetPersistentFc1> persistent(true);
+  const ScopedSetting<&cuda::PersistentFc1Enabled, &cuda::SetPersistentFc1> persistent(true);
   const ForcedConfig forced(static_cast<int>(cuda::GemmConfigId::kWg128));
   uint64_t seed = 1700;
   // 2 I = 640: three row blocks, the last one partial (padding warps).

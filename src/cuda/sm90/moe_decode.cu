@@ -195,45 +195,14 @@ __device__ __forceinline__ void RunDecodeUnit(const DecodeParams& d, const GemmP
 }
 
 // A combine unit (decode_plan.h): out[t, rows of W2's row block] for the unit's token t, once every
-// tile's FC2 unit of the block has written its y rows: the sum in slot order of the rows
-// y[t * k + j] of the slots j whose expert is local (CombineKernel's sum, bit for bit). Two rows a
-// thread; as in CombineKernel, a batch of kCombineSlots slots' rows is loaded before any is added,
-// so that many loads are in flight.
+// tile's FC2 unit of the block has written its y rows (CombineRowBlock, moe_gemm.cuh: the combine
+// kernel's sum, bit for bit).
 template <class Cfg>
 __device__ __forceinline__ void RunCombineUnit(const DecodeParams& d, int32_t block, int32_t t, int32_t tiles) {
   static_assert(kDecodeBlockRows == 2 * Cfg::kThreads, "two rows of the block a thread");
-  constexpr int kCombineSlots = 8;
-  const int tid = threadIdx.x;
-  if (tid == 0) WaitForWord<false>(d.sync + DecodeDoneWord(d.plan, d.max_tiles, block), tiles);
+  if (threadIdx.x == 0) WaitForWord<false>(d.sync + DecodeDoneWord(d.plan, d.max_tiles, block), tiles);
   __syncthreads();  // (after thread 0's acquire: every thread's reads of y come after it)
-  const GemmParams& p = d.fc2;
-  const int64_t hidden = p.a_shape.rows, row = static_cast<int64_t>(block) * kDecodeBlockRows + 2 * tid;
-  if (row >= hidden) return;  // (K is even: a thread's two rows are both real or both not)
-  float2 acc = make_float2(0.0f, 0.0f);
-  for (int j0 = 0; j0 < p.top_k; j0 += kCombineSlots) {
-    float2 v[kCombineSlots];
-    bool use[kCombineSlots];
-#pragma unroll
-    for (int b = 0; b < kCombineSlots; ++b) {
-      const int64_t pair = static_cast<int64_t>(t) * p.top_k + j0 + b;
-      const int64_t local = j0 + b < p.top_k ? static_cast<int64_t>(d.topk_ids[pair]) - d.first_expert : -1;
-      use[b] = local >= 0 && local < d.num_local;  // ids of -1 and other ranks' experts add nothing
-      v[b] = use[b] ? __ldcg(reinterpret_cast<const float2*>(p.y + pair * p.y_stride + row)) : make_float2(0.0f, 0.0f);
-    }
-#pragma unroll
-    for (int b = 0; b < kCombineSlots; ++b) {
-      if (!use[b]) continue;
-      acc.x += v[b].x;
-      acc.y += v[b].y;
-    }
-  }
-  const int64_t at = static_cast<int64_t>(t) * hidden + row;
-  if (d.out_dtype == OutputDType::kF32) {
-    *reinterpret_cast<float2*>(static_cast<float*>(d.out) + at) = acc;
-  } else {
-    *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(d.out) + at) =
-        float_to_bf16(acc.x) | (static_cast<uint32_t>(float_to_bf16(acc.y)) << 16);
-  }
+  CombineRowBlock<Cfg::kThreads>(d.fc2, d.topk_ids, d.first_expert, d.num_local, block, t, d.out, d.out_dtype);
 }
 
 // kCombine: the instance with the combine folded in (plan.combine_tokens > 0); the other has none

@@ -362,23 +362,24 @@ __device__ __forceinline__ void PrefetchBeforeWait(const GemmParams& p, int warp
                      min(p.early_steps, min(k_all - k_first, k_per)));
 }
 
-// ---- the combine of one row block (FC2's folded combine) ------------------------------------------
-// (n8f's combine units, moe_decode.cu's RunCombineUnit, add the same sums in their own copy of this
-// loop: n8f runs by default, and its SASS stays the one measured until the fold is; perf-log v33.)
-// out[t, rows [block * 256, + 256) of K] = the sum in slot order of y's rows t * top_k + j over the
-// slots j of token t whose expert is local (ids of -1 and of other ranks' experts add nothing):
-// CombineKernel's sum, bit for bit. Two rows a thread (of at least 128); a batch of
-// kCombineSlots slots' rows is loaded before any is added, so that many loads are in flight. y is
-// read through the L2: the caller has acquired its writers' stores.
+// ---- the combine of one row block (FC2's folded combine, n8f's combine units) -------------------
+// out[t, rows [block * 256, + 256) of K] = the sum in slot order of p.y's rows t * top_k + j over the
+// slots j of token t whose expert is in [first_expert, + num_local) (ids of -1 and of other ranks'
+// experts add nothing): CombineKernel's sum, bit for bit. Two rows a thread (of at least 128); a
+// batch of kCombineSlots slots' rows is loaded before any is added, so that many loads are in
+// flight. y is read through the L2: the caller has acquired its writers' stores.
 template <int kThreads>
-__device__ __forceinline__ void CombineRowBlock(const float* y, int64_t y_stride, int32_t top_k, const int32_t* ids,
-                                                int64_t first_expert, int32_t num_local, int64_t hidden, int32_t block,
-                                                int32_t t, void* out, OutputDType dtype) {
+__device__ __forceinline__ void CombineRowBlock(const GemmParams& p, const int32_t* ids, int64_t first_expert,
+                                                int32_t num_local, int32_t block, int32_t t, void* out,
+                                                OutputDType dtype) {
+  const float* y = p.y;
+  const int64_t y_stride = p.y_stride, hidden = p.a_shape.rows;
+  const int32_t top_k = p.top_k;
   constexpr int kCombineSlots = 8;
   static_assert(2 * kThreads >= kBlockRowGroups * kTileRows, "one pair of rows a thread covers the block");
   const int64_t row = static_cast<int64_t>(block) * kBlockRowGroups * kTileRows + 2 * static_cast<int>(threadIdx.x);
-  // (Threads past the block's rows (n8k2's second set) or past K: nothing to add. K is even: a
-  // thread's two rows are both real or both not.)
+  // (Threads past the block's rows (n8k2's second set) or past K: nothing to add. K is a multiple of
+  // 32, LayerShape::Validate: a thread's two rows are both real or both not.)
   if ((2 * kThreads > kBlockRowGroups * kTileRows &&
        2 * static_cast<int>(threadIdx.x) >= kBlockRowGroups * kTileRows) ||
       row >= hidden)
@@ -414,8 +415,8 @@ __device__ __forceinline__ void CombineRowBlock(const float* y, int64_t y_stride
 template <class Cfg>
 __device__ __forceinline__ void CombineRowBlockOfCall(const GemmParams& p, int32_t block) {
   for (int32_t t = 0; t < p.fold_tokens; ++t)
-    CombineRowBlock<Cfg::kThreads>(p.y, p.y_stride, p.top_k, p.fold_ids, p.fold_first_expert, p.fold_num_local,
-                                   p.a_shape.rows, block, t, p.fold_out, p.fold_dtype);
+    CombineRowBlock<Cfg::kThreads>(p, p.fold_ids, p.fold_first_expert, p.fold_num_local, block, t, p.fold_out,
+                                   p.fold_dtype);
 }
 
 // FC2's folded combine (GemmParams::fold_done), every thread of a CTA that has written its tile's y
