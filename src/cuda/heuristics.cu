@@ -115,7 +115,10 @@ LaunchChoice ChooseLaunch(const LayerDims& dims, int64_t num_tokens, int64_t max
   // 60.9-61.0, DeepSeek-V3 T = 1 (~126 / 221) 90.7-91.2 / 83.1-83.5, Kimi-K3 T = 1 125.5-126.3 /
   // 107.9-108.1.
   constexpr double kNarrowMaxPairs = 6.0;
-  constexpr double kClusterMaxFc1Ctas = 400.0, kClusterMaxFc2Ctas = 480.0;
+  // (FC2's bound was 480 until perf-log v35: DeepSeek-V3 T = 2, ~248 / 434, then ran n8c2, and n8f
+  // was 1.4-3.1% faster there in five rows of three calls, v24 and v35, H100. No other measured row
+  // has between 400 and 480 FC2 CTAs.)
+  constexpr double kClusterMaxFc1Ctas = 400.0, kClusterMaxFc2Ctas = 400.0;
   constexpr double kCluster4MaxCtas = 120.0;
   const double fc1_ctas = touched * std::ceil(static_cast<double>(2 * dims.inter) / 256.0);
   const double fc2_ctas = touched * std::ceil(static_cast<double>(dims.hidden) / 256.0);
@@ -133,7 +136,8 @@ LaunchChoice ChooseLaunch(const LayerDims& dims, int64_t num_tokens, int64_t max
   // DeepSeek-V3 T = 4 274.0 / 272.4, T = 8 550.2 / 497.0, T = 16 854.1 / 823.3, T = 32 1336.3 /
   // 1327.9; GPT-OSS-120B T = 64 (a later call) 569.9 / 551.0. It lost where the clusters run: n8c2's
   // Kimi-K3 and DeepSeek-V3 T = 1 (by 0.4% and 7.5%) and GPT-OSS-120B T = 2 (5.7%), which keep their
-  // configs, as does DeepSeek-V3 T = 2 for now (n8c2 163.7, n8f 158.7: one row, not a rule).
+  // configs. (v35, H100: n8f still lost Kimi-K3 T = 1 by 5%, DeepSeek-V3 T = 1 by 19% and GPT-OSS-120B
+  // T = 1 and 2 by 5% and 12%.) DeepSeek-V3 T = 2 runs n8f since v35 (FC2's bound above).
   if (c.gemm == GemmConfigId::kN8 && c.chunk_tokens * dims.top_k <= kDecodeMaxPairs) c.gemm = GemmConfigId::kN8f;
   const int forced = Forced().fc1.load(std::memory_order_relaxed);
   if (forced >= 0 && forced < kNumGemmConfigs) c.gemm = static_cast<GemmConfigId>(forced);

@@ -461,8 +461,8 @@ TEST(LaunchUtil, PdlDefaultSitesFollowTheThreadsScope) {
 // The heuristics' narrow-tile boundary (heuristics.cu, perf-log v13.1): n8 below ~6 pairs per
 // expert, n32 from there (n8 streams an expert's weights once per 8 of its pairs), on the three
 // benchmark shapes at the token counts either side of where the two configs met on the H200; the
-// clusters for the fewest tiles (n8c4 for GPT-OSS-120B's single token, n8c2 for two tokens and for
-// Kimi-K3's and DeepSeek-V3's single token; perf-log v13.2); n8f instead of n8 up to
+// clusters for the fewest tiles (n8c4 for GPT-OSS-120B's single token, n8c2 for its two tokens and
+// for Kimi-K3's and DeepSeek-V3's single token; perf-log v13.2, v35); n8f instead of n8 up to
 // kDecodeMaxPairs pairs (perf-log v24: Kimi-K3 to T = 16, GPT-OSS-120B to 64, DeepSeek-V3 to 32);
 // wg128d3x3 from 32 pairs per expert. Host code only.
 TEST(CudaHeuristics, NarrowTileBelowSixPairsPerExpert) {
@@ -485,7 +485,7 @@ TEST(CudaHeuristics, NarrowTileBelowSixPairsPerExpert) {
       {"gpt-oss-120b", gpt, 2, cuda::GemmConfigId::kN8c2},      {"gpt-oss-120b", gpt, 8, cuda::GemmConfigId::kN8f},
       {"gpt-oss-120b", gpt, 64, cuda::GemmConfigId::kN8f},      {"gpt-oss-120b", gpt, 65, cuda::GemmConfigId::kN8},
       {"gpt-oss-120b", gpt, 128, cuda::GemmConfigId::kN8},      {"gpt-oss-120b", gpt, 256, cuda::GemmConfigId::kN32},
-      {"deepseek-v3", deepseek, 1, cuda::GemmConfigId::kN8c2},  {"deepseek-v3", deepseek, 2, cuda::GemmConfigId::kN8c2},
+      {"deepseek-v3", deepseek, 1, cuda::GemmConfigId::kN8c2},  {"deepseek-v3", deepseek, 2, cuda::GemmConfigId::kN8f},
       {"deepseek-v3", deepseek, 4, cuda::GemmConfigId::kN8f},   {"deepseek-v3", deepseek, 32, cuda::GemmConfigId::kN8f},
       {"deepseek-v3", deepseek, 33, cuda::GemmConfigId::kN8},   {"deepseek-v3", deepseek, 128, cuda::GemmConfigId::kN8},
       {"deepseek-v3", deepseek, 192, cuda::GemmConfigId::kN32},
