@@ -456,10 +456,8 @@ class Sm90Path final : public KernelPath {
   static size_t DecodeSyncBytes(const cuda::DecodePlan& plan, int64_t max_tiles) {
     return (static_cast<size_t>(cuda::DecodeSyncWords(plan, max_tiles)) * 4 + 255) / 256 * 256;
   }
-  // The CTAs' row blocks of a GEMM of weights `shape` (GemmParams::m_tiles).
-  static int32_t RowBlocks(const PackedShape& shape) {
-    return static_cast<int32_t>((shape.row_groups + cuda::kBlockRowGroups - 1) / cuda::kBlockRowGroups);
-  }
+  // The CTAs' row blocks of a GEMM of weights `shape` (GemmParams::m_tiles), as an int32.
+  static int32_t RowBlocks(const PackedShape& shape) { return static_cast<int32_t>(shape.RowBlocks()); }
   // Whether a config runs the mma.sync kernel on 8-token tiles (MoeGemmKernel's decode configs,
   // the ones with an early and a hand-on instance; not the TMA-fed n8t).
   static bool OnDecodeMmaKernel(const cuda::GemmConfigInfo& info) {

@@ -136,8 +136,9 @@ LaunchChoice ChooseLaunch(const LayerDims& dims, int64_t num_tokens, int64_t max
   // DeepSeek-V3 T = 4 274.0 / 272.4, T = 8 550.2 / 497.0, T = 16 854.1 / 823.3, T = 32 1336.3 /
   // 1327.9; GPT-OSS-120B T = 64 (a later call) 569.9 / 551.0. It lost where the clusters run: n8c2's
   // Kimi-K3 and DeepSeek-V3 T = 1 (by 0.4% and 7.5%) and GPT-OSS-120B T = 2 (5.7%), which keep their
-  // configs. (v35, H100: n8f still lost Kimi-K3 T = 1 by 5%, DeepSeek-V3 T = 1 by 19% and GPT-OSS-120B
-  // T = 1 and 2 by 5% and 12%.) DeepSeek-V3 T = 2 runs n8f since v35 (FC2's bound above).
+  // configs. (v35, H100: n8f still lost Kimi-K3 T = 1 by 5%, DeepSeek-V3 T = 1 by 17-20% and
+  // GPT-OSS-120B T = 1 and 2 by 5-6% and 13-14%.) DeepSeek-V3 T = 2 runs n8f since v35 (FC2's bound
+  // above).
   if (c.gemm == GemmConfigId::kN8 && c.chunk_tokens * dims.top_k <= kDecodeMaxPairs) c.gemm = GemmConfigId::kN8f;
   const int forced = Forced().fc1.load(std::memory_order_relaxed);
   if (forced >= 0 && forced < kNumGemmConfigs) c.gemm = static_cast<GemmConfigId>(forced);

@@ -50,6 +50,9 @@ struct PackedShape {
     return s;
   }
   MXMOE_HD int64_t Tiles() const { return row_groups * col_tiles; }
+  // The 256-row blocks of kBlockRowGroups row groups (the last may be partial): a GEMM's CTA rows
+  // (GemmParams::m_tiles).
+  MXMOE_HD int64_t RowBlocks() const { return (row_groups + kBlockRowGroups - 1) / kBlockRowGroups; }
 
   // Row groups in the 256-row block that holds row group rg (16, or fewer in the last block).
   MXMOE_HD int64_t GroupsInBlock(int64_t rb) const {

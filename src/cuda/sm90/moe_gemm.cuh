@@ -318,8 +318,8 @@ __device__ __forceinline__ void PrefetchBlockSteps(const GemmParams& p, int expe
 }
 
 // (PrefetchFc2Steps repeats PrefetchBlockSteps' arithmetic for FC2's shape: one function for both
-// moved the registers of the default early instances, whose SASS stays the measured one until the
-// hand-on instance is measured; perf-log v33.)
+// moved the registers of the default early instances (perf-log v33). The hand-on instance was
+// measured in v34 and stays off by default, so the default instances keep their measured SASS.)
 // One thread of an FC1 CTA past its main loop (GemmParams::next_steps): FC2's CTA `j` of the tile
 // (its row block j / next_k_parts, its part of the reduction j % next_k_parts) of local expert
 // `expert`, its first next_steps steps asked of the L2 (two bulk prefetches; none for j past FC2's
