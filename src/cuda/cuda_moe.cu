@@ -346,8 +346,9 @@ class Sm90Path final : public KernelPath {
     g2.b_rows = call.pair_capacity;
     g2.m_tiles = m_tiles2;
     // (GemmParams::next_steps)
-    if (cuda::Fc1PrefetchFc2() > 0 && OnDecodeMmaKernel(info) && OnDecodeMmaKernel(info2)) {
-      g1.next_steps = cuda::Fc1PrefetchFc2();
+    if (const int next = cuda::Fc1PrefetchFc2Steps(info);
+        next > 0 && OnDecodeMmaKernel(info) && OnDecodeMmaKernel(info2)) {
+      g1.next_steps = next;
       g1.next_a_tiles = g2.a_tiles;
       g1.next_a_scales = g2.a_scales;
       g1.next_a_shape = g2.a_shape;

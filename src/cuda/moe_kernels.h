@@ -306,8 +306,16 @@ inline constexpr int kMaxFc2CombineTokens = 8;
 inline constexpr int kDefaultFc2CombineTokens = 1;
 void SetFc2CombineTokens(int tokens);
 int Fc2CombineTokens();
-// GemmParams::next_steps: MXMOE_FC1_PREFETCH_FC2=<0..kMaxEarlySteps> read once, 0 by default until
-// measured (perf-log v33). SetFc1PrefetchFc2 for the tests (clamped).
+// GemmParams::next_steps of a decode call on the mma.sync kernels (Fc1PrefetchFc2Steps, below the
+// configs): MXMOE_FC1_PREFETCH_FC2=<0..kMaxEarlySteps>, read once, sets it for every such call.
+// Unset (kFc1PrefetchFc2ByRule), it is kDefaultFc1PrefetchFc2 steps where FC1 runs in clusters of
+// at least kFc1PrefetchFc2MinClusterCtas CTAs (n8c4: GPT-OSS-120B at T = 1) and none elsewhere: 4 steps
+// took 1.6-1.9% off GPT-OSS-120B T = 1 on an H100 and an H200, and lost up to 1.2% on Kimi-K3 T = 1
+// (n8c2) and disagreed in sign between the two cards on DeepSeek-V3 T = 1 (perf-log v36, v37).
+// SetFc1PrefetchFc2 for the tests (clamped to kFc1PrefetchFc2ByRule..kMaxEarlySteps).
+inline constexpr int kFc1PrefetchFc2ByRule = -1;
+inline constexpr int kDefaultFc1PrefetchFc2 = 4;
+inline constexpr int kFc1PrefetchFc2MinClusterCtas = 4;
 void SetFc1PrefetchFc2(int steps);
 int Fc1PrefetchFc2();
 // For the tests: FC2 launches with the combine folded in (CountFoldedCombine, by the launcher) in
@@ -358,6 +366,9 @@ struct GemmConfigInfo {
   int cluster_ctas = 1;
 };
 GemmConfigInfo GemmInfo(GemmConfigId id);
+// The FC2 steps FC1's CTAs ask the L2 for (GemmParams::next_steps) in a decode call whose FC1 runs
+// `fc1` (Fc1PrefetchFc2: the setting, or the rule where none is set).
+int Fc1PrefetchFc2Steps(const GemmConfigInfo& fc1);
 // Raises the dynamic shared memory limit of every GEMM kernel (once per device, at Create).
 cudaError_t PrepareGemmKernels();
 // grid_ctas = m_tiles * (upper bound of the tile count); CTAs past the real count exit at once.

@@ -265,7 +265,14 @@ TEST(CudaGemmConfigs, EarlyPrefetchLeavesResultsBitIdentical) {
           std::vector<float> without;
           {
             const ScopedEarlySteps off(0);
+            const ScopedFc1PrefetchFc2 none(0);
             without = dc.RunF32();
+          }
+          {
+            // The defaults: 4 early steps, and FC1's prefetch of FC2 by its rule (n8c4 takes it).
+            const ScopedFc1PrefetchFc2 by_rule(cuda::kFc1PrefetchFc2ByRule);
+            SCOPED_TRACE(std::string(cuda::GemmInfo(id).name) + " defaults " + label);
+            EXPECT_TRUE(BitwiseEqual(dc.RunF32(), without));
           }
           for (int steps : {1, 3, 16}) {
             const ScopedEarlySteps on(steps);
@@ -280,7 +287,6 @@ TEST(CudaGemmConfigs, EarlyPrefetchLeavesResultsBitIdentical) {
       }));
   EXPECT_EQ(checked, 3 * 3 * 5);
   ExpectClampedTo<&cuda::EarlySteps, &cuda::SetEarlySteps>(cuda::kMaxEarlySteps);
-  ExpectClampedTo<&cuda::Fc1PrefetchFc2, &cuda::SetFc1PrefetchFc2>(cuda::kMaxEarlySteps);
 }
 
 // The FC2 cap (kFc2CapMinFc1CtasPerSm): a decode call whose FC1 grid holds at least 4 CTAs per SM
@@ -495,6 +501,44 @@ TEST(CudaHeuristics, NarrowTileBelowSixPairsPerExpert) {
     EXPECT_EQ(cuda::GemmInfo(got.gemm).name, std::string(cuda::GemmInfo(c.want).name))
         << c.shape << " T = " << c.tokens << " (~" << got.pairs_per_expert << " pairs per expert)";
   }
+}
+
+// FC1's CTAs asking the L2 for FC2's first steps (Fc1PrefetchFc2Steps): by the rule, 4 steps where
+// FC1 runs n8c4 (the heuristics' choice for GPT-OSS-120B's single token) and none on the other
+// decode configs (Kimi-K3's and DeepSeek-V3's single token run n8c2); a setting
+// (MXMOE_FC1_PREFETCH_FC2) applies to every config, 0 included. Host code only.
+TEST(CudaHeuristics, Fc1PrefetchesFc2OnlyInClustersOfFour) {
+  using cuda::GemmConfigId;
+  const ForcedConfig none(-1);
+  const ScopedFc1PrefetchFc2 by_rule(cuda::kFc1PrefetchFc2ByRule);
+  const auto steps = [](GemmConfigId id) { return cuda::Fc1PrefetchFc2Steps(cuda::GemmInfo(id)); };
+  for (GemmConfigId id : {GemmConfigId::kN8, GemmConfigId::kN8k2, GemmConfigId::kN8c2, GemmConfigId::kN8c2d,
+                          GemmConfigId::kN8f, GemmConfigId::kN32, GemmConfigId::kWg128d3x3})
+    EXPECT_EQ(steps(id), 0) << cuda::GemmInfo(id).name;
+  EXPECT_EQ(steps(GemmConfigId::kN8c4), cuda::kDefaultFc1PrefetchFc2);
+  const cuda::LayerDims kimi{3584, 3072, 16, 896, 896}, gpt{2880, 2880, 4, 128, 128}, deepseek{7168, 2048, 8, 256, 256};
+  const auto at_one_token = [&](const cuda::LayerDims& dims) {
+    return cuda::Fc1PrefetchFc2Steps(cuda::GemmInfo(cuda::ChooseLaunch(dims, 1, int64_t{1} << 20).gemm));
+  };
+  EXPECT_EQ(at_one_token(gpt), cuda::kDefaultFc1PrefetchFc2);
+  EXPECT_EQ(at_one_token(kimi), 0);
+  EXPECT_EQ(at_one_token(deepseek), 0);
+  {
+    const ScopedFc1PrefetchFc2 off(0);
+    EXPECT_EQ(steps(GemmConfigId::kN8c4), 0);
+  }
+  {
+    const ScopedFc1PrefetchFc2 eight(8);
+    EXPECT_EQ(steps(GemmConfigId::kN8), 8);
+    EXPECT_EQ(steps(GemmConfigId::kN8c2), 8);
+    EXPECT_EQ(steps(GemmConfigId::kN8c4), 8);
+  }
+  {
+    const ScopedFc1PrefetchFc2 big(1000000);
+    EXPECT_EQ(cuda::Fc1PrefetchFc2(), cuda::kMaxEarlySteps);
+  }
+  const ScopedFc1PrefetchFc2 negative(-5);
+  EXPECT_EQ(cuda::Fc1PrefetchFc2(), cuda::kFc1PrefetchFc2ByRule);
 }
 
 // FC2 on a config of its own (MXMOE_GEMM_CONFIG=<FC1>/<FC2>, for measuring the GEMMs' configs

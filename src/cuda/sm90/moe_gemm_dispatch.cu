@@ -101,7 +101,7 @@ EnvInt& EarlyStepsSetting() {
   return steps;
 }
 EnvInt& Fc1PrefetchFc2Setting() {
-  static EnvInt steps{"MXMOE_FC1_PREFETCH_FC2", 0, kMaxEarlySteps, 0};
+  static EnvInt steps{"MXMOE_FC1_PREFETCH_FC2", kFc1PrefetchFc2ByRule, kMaxEarlySteps, kFc1PrefetchFc2ByRule};
   return steps;
 }
 EnvInt& Fc2CombineSetting() {
@@ -112,6 +112,11 @@ EnvInt& Fc2CombineSetting() {
 
 void SetFc1PrefetchFc2(int steps) { Fc1PrefetchFc2Setting().Set(steps); }
 int Fc1PrefetchFc2() { return Fc1PrefetchFc2Setting().Get(); }
+int Fc1PrefetchFc2Steps(const GemmConfigInfo& fc1) {
+  const int set = Fc1PrefetchFc2();
+  if (set != kFc1PrefetchFc2ByRule) return set;
+  return fc1.cluster_ctas >= kFc1PrefetchFc2MinClusterCtas ? kDefaultFc1PrefetchFc2 : 0;
+}
 void SetFc2CombineTokens(int tokens) { Fc2CombineSetting().Set(tokens); }
 int Fc2CombineTokens() { return Fc2CombineSetting().Get(); }
 
