@@ -308,8 +308,8 @@ void SetFc2CombineTokens(int tokens);
 int Fc2CombineTokens();
 // GemmParams::next_steps of a decode call on the mma.sync kernels (Fc1PrefetchFc2Steps, below the
 // configs): MXMOE_FC1_PREFETCH_FC2=<0..kMaxEarlySteps>, read once, sets it for every such call.
-// Unset (or -1, kFc1PrefetchFc2ByRule), it is kDefaultFc1PrefetchFc2 steps where FC1 runs in clusters of
-// at least kFc1PrefetchFc2MinClusterCtas CTAs (n8c4: GPT-OSS-120B at T = 1) and none elsewhere:
+// Unset (or -1, kFc1PrefetchFc2ByRule), it is kDefaultFc1PrefetchFc2 steps where FC1 runs in
+// clusters of at least kFc1PrefetchFc2MinClusterCtas CTAs (n8c4: GPT-OSS-120B at T = 1), else none:
 // 4 steps took 0.8-2.4% off GPT-OSS-120B T = 1 in three A/Bs on an H100 and an H200, lost up to
 // 1.2% on Kimi-K3 T = 1 (n8c2) and changed sign between the cards on DeepSeek-V3 T = 1 (perf-log
 // v36, v37). SetFc1PrefetchFc2 for the tests (clamped to kFc1PrefetchFc2ByRule..kMaxEarlySteps).

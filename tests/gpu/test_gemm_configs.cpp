@@ -36,20 +36,26 @@ struct ForcedConfig {
 // The mma.sync kernels' L2 look-ahead (MXMOE_L2_AHEAD): tests that compare plans by name pin it at
 // 0, since a look-ahead is named in the plan.
 using ScopedL2Ahead = ScopedSetting<&cuda::L2Ahead, &cuda::SetL2Ahead>;
-// Out of range, such a setting is clamped: never past `max` or below 0.
+// Out of range, such a setting is clamped: never past `max` or below `min`.
 template <int (*kGet)(), void (*kSet)(int)>
-void ExpectClampedTo(int max) {
+void ExpectClampedTo(int max, int min = 0) {
   {
     const ScopedSetting<kGet, kSet> big(1000000);
     EXPECT_EQ(kGet(), max);
   }
   const ScopedSetting<kGet, kSet> negative(-5);
-  EXPECT_EQ(kGet(), 0);
+  EXPECT_EQ(kGet(), min);
 }
 using ScopedEarlySteps = ScopedSetting<&cuda::EarlySteps, &cuda::SetEarlySteps>;  // MXMOE_EARLY_STEPS
 using ScopedFc2Cap = ScopedSetting<&cuda::Fc2CapSmem, &cuda::SetFc2CapSmem>;      // MXMOE_FC2_SMEM
 using ScopedFc1PrefetchFc2 = ScopedSetting<&cuda::Fc1PrefetchFc2, &cuda::SetFc1PrefetchFc2>;  // MXMOE_FC1_PREFETCH_FC2
 using ScopedFc2Combine = ScopedSetting<&cuda::Fc2CombineTokens, &cuda::SetFc2CombineTokens>;  // MXMOE_FC2_COMBINE
+
+// The benchmark's shapes (bench/sweep.cpp) as the heuristics see them: hidden, intermediate,
+// top-k, experts, local experts.
+constexpr cuda::LayerDims kKimiDims{3584, 3072, 16, 896, 896};
+constexpr cuda::LayerDims kGptOssDims{2880, 2880, 4, 128, 128};
+constexpr cuda::LayerDims kDeepSeekDims{7168, 2048, 8, 256, 256};
 
 // A synthetic layer of activation `kind` (biased for SwiGLU-bias), and for each token count and
 // routing its CPU reference and a DeviceCase: variants(dc, ref, t, label) runs the GPU variants
@@ -479,9 +485,7 @@ TEST(CudaHeuristics, NarrowTileBelowSixPairsPerExpert) {
     int64_t tokens;
     cuda::GemmConfigId want;
   };
-  // hidden, intermediate, top-k, experts, local experts (the benchmark's shapes, bench/sweep.cpp)
-  const cuda::LayerDims kimi{3584, 3072, 16, 896, 896}, gpt{2880, 2880, 4, 128, 128},
-      deepseek{7168, 2048, 8, 256, 256};
+  const cuda::LayerDims &kimi = kKimiDims, &gpt = kGptOssDims, &deepseek = kDeepSeekDims;
   const Case cases[] = {
       {"kimi-k3", kimi, 1, cuda::GemmConfigId::kN8c2},          {"kimi-k3", kimi, 2, cuda::GemmConfigId::kN8f},
       {"kimi-k3", kimi, 16, cuda::GemmConfigId::kN8f},          {"kimi-k3", kimi, 17, cuda::GemmConfigId::kN8},
@@ -516,13 +520,12 @@ TEST(CudaHeuristics, Fc1PrefetchesFc2OnlyInClustersOfFour) {
                           GemmConfigId::kN8f, GemmConfigId::kN32, GemmConfigId::kWg128d3x3})
     EXPECT_EQ(steps(id), 0) << cuda::GemmInfo(id).name;
   EXPECT_EQ(steps(GemmConfigId::kN8c4), cuda::kDefaultFc1PrefetchFc2);
-  const cuda::LayerDims kimi{3584, 3072, 16, 896, 896}, gpt{2880, 2880, 4, 128, 128}, deepseek{7168, 2048, 8, 256, 256};
-  const auto at_one_token = [&](const cuda::LayerDims& dims) {
+  const auto at_one_token = [](const cuda::LayerDims& dims) {
     return cuda::Fc1PrefetchFc2Steps(cuda::GemmInfo(cuda::ChooseLaunch(dims, 1, int64_t{1} << 20).gemm));
   };
-  EXPECT_EQ(at_one_token(gpt), cuda::kDefaultFc1PrefetchFc2);
-  EXPECT_EQ(at_one_token(kimi), 0);
-  EXPECT_EQ(at_one_token(deepseek), 0);
+  EXPECT_EQ(at_one_token(kGptOssDims), cuda::kDefaultFc1PrefetchFc2);
+  EXPECT_EQ(at_one_token(kKimiDims), 0);
+  EXPECT_EQ(at_one_token(kDeepSeekDims), 0);
   {
     const ScopedFc1PrefetchFc2 off(0);
     EXPECT_EQ(steps(GemmConfigId::kN8c4), 0);
@@ -533,22 +536,16 @@ TEST(CudaHeuristics, Fc1PrefetchesFc2OnlyInClustersOfFour) {
     EXPECT_EQ(steps(GemmConfigId::kN8c2), 8);
     EXPECT_EQ(steps(GemmConfigId::kN8c4), 8);
   }
-  {
-    const ScopedFc1PrefetchFc2 big(1000000);
-    EXPECT_EQ(cuda::Fc1PrefetchFc2(), cuda::kMaxEarlySteps);
-  }
-  const ScopedFc1PrefetchFc2 negative(-5);
-  EXPECT_EQ(cuda::Fc1PrefetchFc2(), cuda::kFc1PrefetchFc2ByRule);
+  ExpectClampedTo<&cuda::Fc1PrefetchFc2, &cuda::SetFc1PrefetchFc2>(cuda::kMaxEarlySteps, cuda::kFc1PrefetchFc2ByRule);
 }
 
 // FC2 on a config of its own (MXMOE_GEMM_CONFIG=<FC1>/<FC2>, for measuring the GEMMs' configs
 // apart): taken only with FC1's BLOCK_N, since both GEMMs run the routing's tiles. Host code only.
 TEST(CudaHeuristics, Fc2ConfigForcedApartKeepsTheTileWidth) {
   using cuda::GemmConfigId;
-  const cuda::LayerDims kimi{3584, 3072, 16, 896, 896};
-  const auto choose = [&](int fc1, int fc2, int64_t tokens) {
+  const auto choose = [](int fc1, int fc2, int64_t tokens) {
     const ForcedConfig forced(fc1, fc2);
-    return cuda::ChooseLaunch(kimi, tokens, int64_t{1} << 20);
+    return cuda::ChooseLaunch(kKimiDims, tokens, int64_t{1} << 20);
   };
   const auto id = [](GemmConfigId c) { return static_cast<int>(c); };
   cuda::LaunchChoice c = choose(id(GemmConfigId::kN8c2), id(GemmConfigId::kN8c4), 1);
